@@ -1,0 +1,42 @@
+"""ELMo biLM as a Hugging Face model: config, character tokenizer, models, and Auto* registration."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTokenizer
+
+from .configuration_elmo import PRESETS, ElmoConfig
+from .modeling_elmo import (
+    ElmoBidirectionalLMOutput,
+    ElmoForBidirectionalLM,
+    ElmoModel,
+    ElmoModelOutput,
+    ElmoPreTrainedModel,
+    ElmoRepresentations,
+    ElmoScalarMix,
+    ElmoState,
+    ElmoWithScalarMixes,
+    remove_sentence_boundaries,
+)
+from .tokenization_elmo import ElmoCharTokenizer, split_words
+
+AutoConfig.register(ElmoConfig.model_type, ElmoConfig, exist_ok=True)
+AutoModel.register(ElmoConfig, ElmoModel, exist_ok=True)
+AutoModelForPreTraining.register(ElmoConfig, ElmoForBidirectionalLM, exist_ok=True)
+AutoTokenizer.register(ElmoConfig, tokenizer_class=ElmoCharTokenizer, exist_ok=True)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS",
+    "ElmoBidirectionalLMOutput",
+    "ElmoCharTokenizer",
+    "ElmoConfig",
+    "ElmoForBidirectionalLM",
+    "ElmoModel",
+    "ElmoModelOutput",
+    "ElmoPreTrainedModel",
+    "ElmoRepresentations",
+    "ElmoScalarMix",
+    "ElmoState",
+    "ElmoWithScalarMixes",
+    "remove_sentence_boundaries",
+    "split_words",
+]

@@ -1,0 +1,132 @@
+"""ELMo biLM configuration."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+# The character CNN shared by every published ELMo model (width, number of filters).
+PUBLISHED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
+
+# Published architectures (allennlp.org/elmo); all share the char CNN above and 2 LSTM layers.
+PRESETS: dict[str, dict] = {
+    "original": {"lstm_dim": 4096, "projection_dim": 512, "n_highway": 2},  # 2x4096_512_2048cnn_2xhighway
+    "medium": {"lstm_dim": 2048, "projection_dim": 256, "n_highway": 1},  # 2x2048_256_2048cnn_1xhighway
+    "small": {"lstm_dim": 1024, "projection_dim": 128, "n_highway": 1},  # 2x1024_128_2048cnn_1xhighway
+}
+
+AUTO_MAP = {
+    "AutoConfig": "configuration_elmo.ElmoConfig",
+    "AutoModel": "modeling_elmo.ElmoModel",
+    "AutoModelForPreTraining": "modeling_elmo.ElmoForBidirectionalLM",
+}
+
+
+class ElmoConfig(PreTrainedConfig):
+    r"""
+    Configuration of an ELMo biLM: a character CNN with highway layers and a projection gives a
+    context-independent token representation, read by a forward and a backward stack of LSTMs with
+    projection. Field names follow the original `options.json` (`char_cnn.*`, `lstm.*`).
+
+    Args:
+        char_embedding_dim (`int`, 16): size of the character embeddings (`char_cnn.embedding.dim`).
+        filters (`list[list[int]]`): `[width, n_filters]` per convolution bank (`char_cnn.filters`).
+        activation (`str`, `"relu"`): `"relu"` or `"tanh"`, applied after max-pooling each bank.
+        n_highway (`int`, 2): number of highway layers after the CNN (`char_cnn.n_highway`).
+        n_characters (`int`, 262): rows of the character embedding; 261 byte/marker ids + 1 for padding.
+        max_characters_per_token (`int`, 50): character slots per token, begin/end-of-word markers included.
+        lstm_dim (`int`, 4096): LSTM memory cell size (`lstm.dim`).
+        projection_dim (`int`, 512): projected hidden state size per direction (`lstm.projection_dim`); also the
+            size of the token representation. Every output layer has width `2 * projection_dim`.
+        n_layers (`int`, 2): LSTM layers per direction (`lstm.n_layers`).
+        cell_clip (`float` or `None`, 3.0): clip the memory cell to `[-cell_clip, cell_clip]`; `None` = no clip.
+        proj_clip (`float` or `None`, 3.0): clip the projected hidden state; `None` = no clip.
+        use_skip_connections (`bool`, `True`): residual connection around every LSTM layer but the first.
+        dropout (`float`, 0.1): dropout on every LSTM layer input and before the softmax, in training only.
+        vocab_size (`int` or `None`): size of the word softmax of `ElmoForBidirectionalLM`; `None` for an
+            encoder-only model (e.g. converted original weights, which ship no softmax).
+        initializer_range (`float`, 0.02): unused by ELMo's own init (see `_init_weights`), kept for HF tools.
+    """
+
+    model_type = "elmo"
+
+    def __init__(
+        self,
+        char_embedding_dim: int = 16,
+        filters: list[list[int]] | None = None,
+        activation: str = "relu",
+        n_highway: int = 2,
+        n_characters: int = 262,
+        max_characters_per_token: int = 50,
+        lstm_dim: int = 4096,
+        projection_dim: int = 512,
+        n_layers: int = 2,
+        cell_clip: float | None = 3.0,
+        proj_clip: float | None = 3.0,
+        use_skip_connections: bool = True,
+        dropout: float = 0.1,
+        vocab_size: int | None = None,
+        initializer_range: float = 0.02,
+        **kwargs,
+    ):
+        filters = [list(map(int, f)) for f in (filters if filters is not None else PUBLISHED_FILTERS)]
+        if activation not in ("relu", "tanh"):
+            raise ValueError(f"activation must be 'relu' or 'tanh', got {activation!r}")
+        if n_characters != 262:
+            raise ValueError(
+                f"n_characters must be 262 (261 character ids + the padding id 0), got {n_characters}; "
+                "a training options.json says 261, which `elmo convert` accepts."
+            )
+        if max_characters_per_token < 3:
+            raise ValueError("max_characters_per_token must leave room for the begin/end-of-word markers (>= 3)")
+        if any(len(f) != 2 or f[0] < 1 or f[1] < 1 for f in filters) or not filters:
+            raise ValueError(f"filters must be a non-empty list of [width >= 1, n_filters >= 1], got {filters}")
+        if max(w for w, _ in filters) > max_characters_per_token:
+            raise ValueError("a filter is wider than max_characters_per_token")
+        for name, value in (("lstm_dim", lstm_dim), ("projection_dim", projection_dim), ("n_layers", n_layers)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.char_embedding_dim = char_embedding_dim
+        self.filters = filters
+        self.activation = activation
+        self.n_highway = n_highway
+        self.n_characters = n_characters
+        self.max_characters_per_token = max_characters_per_token
+        self.lstm_dim = lstm_dim
+        self.projection_dim = projection_dim
+        self.n_layers = n_layers
+        # 0 means "no clipping" in options.json, as in TensorFlow's LSTMCell.
+        self.cell_clip = float(cell_clip) if cell_clip else None
+        self.proj_clip = float(proj_clip) if proj_clip else None
+        self.use_skip_connections = use_skip_connections
+        self.dropout = dropout
+        self.vocab_size = vocab_size
+        self.initializer_range = initializer_range
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        super().__init__(**kwargs)
+
+    @property
+    def n_filters(self) -> int:
+        """Total number of CNN filters, the width of the highway layers."""
+        return sum(n for _, n in self.filters)
+
+    @property
+    def output_dim(self) -> int:
+        """Width of every output layer: `[forward; backward]`."""
+        return 2 * self.projection_dim
+
+    @property
+    def num_output_layers(self) -> int:
+        """Token layer plus one per LSTM layer."""
+        return self.n_layers + 1
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> ElmoConfig:
+        """One of the published architectures: `"original"`, `"medium"` or `"small"`."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown ELMo preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+ElmoConfig.register_for_auto_class()
+
+__all__ = ["ElmoConfig", "PRESETS"]

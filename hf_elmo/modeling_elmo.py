@@ -1,0 +1,607 @@
+"""ELMo biLM (Peters et al. 2018) in PyTorch, weight-compatible with AllenNLP and bilm-tf.
+
+Data flow: character ids (batch, positions, chars) → `ElmoCharCNN` (char embedding, convolutions with
+max-pooling, highway layers, projection) → token representation (batch, positions, P) → `ElmoBiLstm`
+(separate forward and backward stacks of clipped LSTMs with projection, residual from layer 2 on) →
+`n_layers + 1` layers of (batch, positions, 2P): the token representation duplicated, then each biLSTM layer
+as [forward; backward]. `ElmoScalarMix` combines them into one task-specific representation.
+
+Every sentence starts from the zero state unless `initial_state` is given, so a sentence's vectors do not
+depend on the other rows of its batch. `final_state` + `initial_state` reproduce the original stateful biLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput, can_return_tuple
+
+from .configuration_elmo import ElmoConfig
+
+# TensorFlow's LSTMCell adds this to the forget gate at run time; it is not part of the stored bias.
+FORGET_BIAS = 1.0
+# Unique words embedded per char-CNN call (bounds the memory of the convolution outputs).
+CHAR_CNN_CHUNK = 1024
+# Time steps whose input projections are computed in one matmul (bounds memory on long sentences).
+LSTM_TIME_CHUNK = 128
+
+# (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
+# direction 0 is the forward LM, 1 the backward LM.
+ElmoState = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class ElmoModelOutput(ModelOutput):
+    """
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch, positions, 2 * projection_dim)`): top biLSTM layer.
+        hidden_states (`tuple(torch.FloatTensor)`): `n_layers + 1` tensors of shape `(batch, positions,
+            2 * projection_dim)`: the token representation duplicated, then each biLSTM layer [forward; backward].
+            Padded positions are zeros.
+        final_state (`ElmoState`, returned with `return_state=True`): per row, the forward state after its last
+            position and the backward state after its first position; pass it as `initial_state` to continue.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    final_state: ElmoState | None = None
+
+
+@dataclass
+class ElmoBidirectionalLMOutput(ModelOutput):
+    """
+    Args:
+        loss (`torch.FloatTensor`, with `labels`): mean of the forward and backward LM cross-entropies.
+        forward_logits (`torch.FloatTensor` of shape `(batch, positions, vocab_size)`): scores of the next word.
+        backward_logits (`torch.FloatTensor` of shape `(batch, positions, vocab_size)`): scores of the previous word.
+        hidden_states, final_state: as in `ElmoModelOutput`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    forward_logits: torch.FloatTensor | None = None
+    backward_logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    final_state: ElmoState | None = None
+
+
+class ElmoHighway(nn.Module):
+    """Highway layers: y = t * relu(W_transform x) + (1 - t) * x with gate t = sigmoid(W_carry x).
+
+    Each layer is one Linear(F, 2F) whose first half is the transform, second half the gate (bilm-tf's
+    "carry", which despite its name gates the transform branch).
+    """
+
+    def __init__(self, dim: int, n_layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(n_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(words, F) → (words, F)"""
+        for layer in self.layers:
+            transform, carry = layer(x).chunk(2, dim=-1)
+            gate = torch.sigmoid(carry)
+            x = gate * F.relu(transform) + (1 - gate) * x
+        return x
+
+
+class ElmoCharCNN(nn.Module):
+    """Context-independent token representation from character ids."""
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__()
+        self.char_embedding = nn.Embedding(config.n_characters, config.char_embedding_dim, padding_idx=0)
+        self.convs = nn.ModuleList(
+            nn.Conv1d(config.char_embedding_dim, n_filters, kernel_size=width) for width, n_filters in config.filters
+        )
+        self.activation = torch.tanh if config.activation == "tanh" else F.relu
+        self.highway = ElmoHighway(config.n_filters, config.n_highway)
+        # bilm-tf projects only when the CNN width differs from the LSTM input width.
+        self.projection = (
+            nn.Linear(config.n_filters, config.projection_dim)
+            if config.n_filters != config.projection_dim
+            else nn.Identity()
+        )
+        self.output_dim = config.projection_dim
+
+    def embed_words(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(words, chars) character ids → (words, projection_dim)"""
+        chars = self.char_embedding(char_ids).transpose(1, 2)  # (words, char_dim, chars)
+        # Max-pool over positions, then the activation (the original order).
+        pooled = [self.activation(conv(chars).amax(dim=-1)) for conv in self.convs]
+        return self.projection(self.highway(torch.cat(pooled, dim=-1)))
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim).
+
+        Each distinct word of the batch goes through the CNN once; padded positions are zeros.
+        """
+        words, inverse = torch.unique(input_ids[mask], dim=0, return_inverse=True)
+        embedded = torch.cat([self.embed_words(chunk) for chunk in words.split(CHAR_CNN_CHUNK)]) if len(words) else (
+            self.char_embedding.weight.new_zeros(0, self.output_dim)
+        )
+        output = embedded.new_zeros(*input_ids.shape[:2], self.output_dim)
+        return output.index_put((mask,), embedded[inverse])
+
+
+class ElmoLstmLayer(nn.Module):
+    """One LSTM layer with projection for both directions, weights stacked on a leading direction axis.
+
+    Gate blocks are in TensorFlow's order (input, candidate, forget, output), as in the original weights;
+    the forget gate gets `FORGET_BIAS` added at run time.
+    """
+
+    def __init__(self, input_dim: int, config: ElmoConfig):
+        super().__init__()
+        cell, hidden = config.lstm_dim, config.projection_dim
+        if hidden > cell:
+            raise ValueError(f"projection_dim ({hidden}) cannot exceed lstm_dim ({cell})")
+        self.input_weight = nn.Parameter(torch.empty(2, 4 * cell, input_dim))
+        self.recurrent_weight = nn.Parameter(torch.empty(2, 4 * cell, hidden))
+        self.bias = nn.Parameter(torch.empty(2, 4 * cell))
+        # TensorFlow's LSTMCell only projects (and clips the projection) when num_proj < num_units.
+        self.projection_weight = nn.Parameter(torch.empty(2, hidden, cell)) if hidden < cell else None
+        self.cell_clip = config.cell_clip
+        self.proj_clip = config.proj_clip if hidden < cell else None
+
+    def forward(
+        self, inputs: torch.Tensor, batch_sizes: list[int], state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Run both directions over `inputs` (2, batch, steps, input_dim), in processing order.
+
+        Rows are sorted by decreasing length and `batch_sizes[t]` rows are active at step t, so padded steps
+        are never computed. `state` = (h (2, batch, P), c (2, batch, D)). Returns outputs (2, batch, steps, P)
+        (zeros where padded) and each row's state after its last step.
+        """
+        _, batch, steps, input_dim = inputs.shape
+        started = batch_sizes[0] if steps else 0  # rows with at least one position
+        h, c = state[0][:, :started], state[1][:, :started]
+        w_input = self.input_weight.transpose(1, 2)  # (2, input_dim, 4D)
+        w_recurrent = self.recurrent_weight.transpose(1, 2)  # (2, P, 4D)
+        w_projection = self.projection_weight.transpose(1, 2) if self.projection_weight is not None else None
+        outputs, finished_h, finished_c = [], [], []
+        for start in range(0, steps, LSTM_TIME_CHUNK):
+            active = batch_sizes[start]
+            if active == 0:
+                break
+            window = inputs[:, :active, start : start + LSTM_TIME_CHUNK]
+            # Input projections of every step of the window in one matmul: (2, active, window, 4D).
+            projected = torch.baddbmm(self.bias.unsqueeze(1), window.reshape(2, -1, input_dim), w_input)
+            projected = projected.view(2, active, window.shape[2], -1)
+            for offset in range(window.shape[2]):
+                n = batch_sizes[start + offset]
+                if n == 0:
+                    break
+                if n < h.shape[1]:  # rows n.. ended at the previous step: keep their final state
+                    finished_h.append(h[:, n:])
+                    finished_c.append(c[:, n:])
+                    h, c = h[:, :n], c[:, :n]
+                gates = torch.baddbmm(projected[:, :n, offset], h, w_recurrent)
+                input_gate, candidate, forget_gate, output_gate = gates.chunk(4, dim=-1)
+                c = torch.sigmoid(forget_gate + FORGET_BIAS) * c + torch.sigmoid(input_gate) * torch.tanh(candidate)
+                if self.cell_clip is not None:
+                    c = c.clamp(-self.cell_clip, self.cell_clip)
+                h = torch.sigmoid(output_gate) * torch.tanh(c)
+                if w_projection is not None:
+                    h = torch.bmm(h, w_projection)
+                if self.proj_clip is not None:
+                    h = h.clamp(-self.proj_clip, self.proj_clip)
+                outputs.append(F.pad(h, (0, 0, 0, batch - n)))
+        if not outputs:
+            return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
+        # Rows are sorted by length: those still active come first, then those that ended latest.
+        final_h = torch.cat([h, *reversed(finished_h), state[0][:, started:]], dim=1)
+        final_c = torch.cat([c, *reversed(finished_c), state[1][:, started:]], dim=1)
+        output = torch.stack(outputs, dim=2)
+        if output.shape[2] < steps:
+            output = F.pad(output, (0, 0, 0, steps - output.shape[2]))
+        return output, (final_h, final_c)
+
+
+class ElmoBiLstm(nn.Module):
+    """Forward and backward stacks of LSTM layers; layer l of a direction reads layer l-1 of that direction."""
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(ElmoLstmLayer(config.projection_dim, config) for _ in range(config.n_layers))
+        self.use_skip_connections = config.use_skip_connections
+        self.dropout = nn.Dropout(config.dropout)
+        self.projection_dim = config.projection_dim
+        self.lstm_dim = config.lstm_dim
+
+    def zero_state(self, batch: int, reference: torch.Tensor) -> ElmoState:
+        """The state every sentence starts from by default."""
+        n_layers = len(self.layers)
+        return (
+            reference.new_zeros(n_layers, 2, batch, self.projection_dim),
+            reference.new_zeros(n_layers, 2, batch, self.lstm_dim),
+        )
+
+    def forward(
+        self, token_repr: torch.Tensor, lengths: torch.Tensor, initial_state: ElmoState | None = None
+    ) -> tuple[list[torch.Tensor], ElmoState]:
+        """token_repr (batch, positions, P), lengths (batch,) → n_layers tensors (batch, positions, 2P), final state."""
+        batch, steps, _ = token_repr.shape
+        h0, c0 = initial_state if initial_state is not None else self.zero_state(batch, token_repr)
+        # Sort rows by decreasing length so the active rows of every step are a prefix.
+        lengths, order = torch.sort(lengths, descending=True, stable=True)
+        unsort = torch.argsort(order)
+        counts = lengths.tolist()
+        batch_sizes = [sum(1 for n in counts if n > t) for t in range(steps)]
+        # The backward LM reads each sentence reversed within its own length.
+        position = torch.arange(steps, device=token_repr.device)
+        reverse_index = torch.where(position < lengths[:, None], lengths[:, None] - 1 - position, position)
+        reverse_index = reverse_index[:, :, None].expand(-1, -1, token_repr.shape[-1])
+        sorted_repr = token_repr[order]
+        layer_input = torch.stack([sorted_repr, sorted_repr.gather(1, reverse_index)])  # (2, batch, steps, P)
+
+        outputs, final_h, final_c = [], [], []
+        for index, layer in enumerate(self.layers):
+            layer_input = self.dropout(layer_input)
+            state = (h0[index][:, order], c0[index][:, order])
+            layer_output, (h, c) = layer(layer_input, batch_sizes, state)
+            if self.use_skip_connections and index > 0:
+                layer_output = layer_output + layer_input
+            outputs.append(layer_output)
+            final_h.append(h[:, unsort])
+            final_c.append(c[:, unsort])
+            layer_input = layer_output
+
+        layers = []
+        for output in outputs:
+            forward_out, backward_out = output[0], output[1].gather(1, reverse_index)
+            layers.append(torch.cat([forward_out, backward_out], dim=-1)[unsort])
+        return layers, (torch.stack(final_h), torch.stack(final_c))
+
+
+class ElmoPreTrainedModel(PreTrainedModel):
+    config_class = ElmoConfig
+    config: ElmoConfig
+    base_model_prefix = "elmo"
+    main_input_name = "input_ids"
+    _no_split_modules = ["ElmoCharCNN", "ElmoLstmLayer"]
+    supports_gradient_checkpointing = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """bilm-tf's initialisation (training.py)."""
+        config = self.config
+        if isinstance(module, ElmoCharCNN):
+            weight = module.char_embedding.weight
+            if not getattr(weight, "_is_hf_initialized", False):
+                init.uniform_(weight, -1.0, 1.0)
+                init.zeros_(weight[0])
+            for (width, _), conv in zip(config.filters, module.convs):
+                if config.activation == "relu":
+                    init.uniform_(conv.weight, -0.05, 0.05)
+                else:
+                    init.normal_(conv.weight, std=math.sqrt(1.0 / (width * config.char_embedding_dim)))
+                init.zeros_(conv.bias)
+            if isinstance(module.projection, nn.Linear):
+                init.normal_(module.projection.weight, std=math.sqrt(1.0 / config.n_filters))
+                init.zeros_(module.projection.bias)
+        elif isinstance(module, ElmoHighway):
+            for layer in module.layers:
+                dim = layer.in_features
+                init.normal_(layer.weight, std=math.sqrt(1.0 / dim))
+                if not getattr(layer.bias, "_is_hf_initialized", False):
+                    init.zeros_(layer.bias[:dim])
+                    init.constant_(layer.bias[dim:], -2.0)  # gate starts mostly closed: copy the input
+        elif isinstance(module, ElmoLstmLayer):
+            cell, hidden = config.lstm_dim, config.projection_dim
+            bound = math.sqrt(6.0 / (module.input_weight.shape[-1] + hidden + 4 * cell))  # glorot on [x; h]
+            init.uniform_(module.input_weight, -bound, bound)
+            init.uniform_(module.recurrent_weight, -bound, bound)
+            init.zeros_(module.bias)
+            if module.projection_weight is not None:
+                bound = math.sqrt(6.0 / (cell + hidden))
+                init.uniform_(module.projection_weight, -bound, bound)
+        elif isinstance(module, ElmoForBidirectionalLM):
+            init.normal_(module.softmax.weight, std=math.sqrt(1.0 / config.projection_dim))
+            init.zeros_(module.softmax.bias)
+
+
+class ElmoModel(ElmoPreTrainedModel):
+    """The ELMo biLM: character ids in, `n_layers + 1` contextual layers out."""
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        self.char_cnn = ElmoCharCNN(config)
+        self.bilstm = ElmoBiLstm(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.char_cnn.char_embedding
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.char_cnn.char_embedding = value
+
+    def _validate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, initial_state: ElmoState | None
+    ) -> torch.Tensor:
+        """Check the inputs; return the (batch, positions) bool mask."""
+        chars = self.config.max_characters_per_token
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3 or input_ids.shape[-1] != chars:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a tensor of shape (batch, positions, {chars}), got {shape}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must hold integer character ids, got dtype {input_ids.dtype}")
+        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.n_characters):
+            raise ValueError(
+                f"character ids must lie in [0, {self.config.n_characters}), found "
+                f"[{int(input_ids.min())}, {int(input_ids.max())}]: were they made by ElmoCharTokenizer?"
+            )
+        if attention_mask is None:
+            mask = (input_ids > 0).any(dim=-1)
+        else:
+            if tuple(attention_mask.shape) != tuple(input_ids.shape[:2]):
+                raise ValueError(
+                    f"attention_mask must have shape {tuple(input_ids.shape[:2])}, got {tuple(attention_mask.shape)}"
+                )
+            mask = attention_mask.bool()
+        if (mask[:, 1:] & ~mask[:, :-1]).any():
+            raise ValueError("every row must be padded on the right: a padding position precedes a real one")
+        if initial_state is not None:
+            expected_h, expected_c = (s.shape for s in self.bilstm.zero_state(input_ids.shape[0], mask))
+            if len(initial_state) != 2 or initial_state[0].shape != expected_h or initial_state[1].shape != expected_c:
+                found = [tuple(s.shape) for s in initial_state]
+                raise ValueError(
+                    f"initial_state must be (h, c) of shapes {tuple(expected_h)} and {tuple(expected_c)}, got {found}"
+                )
+        return mask
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        initial_state: ElmoState | None = None,
+        return_state: bool = False,
+        **kwargs,
+    ) -> ElmoModelOutput:
+        """
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch, positions, max_characters_per_token)`): from
+                `ElmoCharTokenizer`; an all-zero row is a padding position.
+            attention_mask (`torch.Tensor` of shape `(batch, positions)`, optional): 1 for real positions; padding
+                must be on the right. Defaults to the non-zero rows of `input_ids`.
+            initial_state (`ElmoState`, optional): state to start each row from instead of zeros, e.g. the
+                `final_state` of the previous call (the original stateful biLM).
+            return_state (`bool`): also return `final_state`.
+        """
+        mask = self._validate(input_ids, attention_mask, initial_state)
+        token_repr = self.char_cnn(input_ids, mask)
+        layers, final_state = self.bilstm(token_repr, mask.sum(dim=1), initial_state)
+        hidden_states = (torch.cat([token_repr, token_repr], dim=-1), *layers)
+        return ElmoModelOutput(
+            last_hidden_state=hidden_states[-1],
+            hidden_states=hidden_states,
+            final_state=final_state if return_state else None,
+        )
+
+
+class ElmoForBidirectionalLM(ElmoPreTrainedModel):
+    """The biLM with one softmax shared by the forward and the backward LM (the paper's training set-up).
+
+    `labels` (batch, positions) hold word ids of the softmax vocabulary aligned with `input_ids` (-100 =
+    ignore): the forward LM at position t predicts `labels[t + 1]`, the backward LM predicts `labels[t - 1]`.
+    """
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        if not config.vocab_size:
+            raise ValueError("ElmoForBidirectionalLM needs config.vocab_size (the size of the word softmax)")
+        self.elmo = ElmoModel(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.softmax = nn.Linear(config.projection_dim, config.vocab_size)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.elmo.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.softmax
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        initial_state: ElmoState | None = None,
+        return_state: bool = False,
+        **kwargs,
+    ) -> ElmoBidirectionalLMOutput:
+        outputs = self.elmo(input_ids, attention_mask, initial_state=initial_state, return_state=return_state)
+        top_forward, top_backward = self.dropout(outputs.last_hidden_state).chunk(2, dim=-1)
+        forward_logits = self.softmax(top_forward)
+        backward_logits = self.softmax(top_backward)
+        loss = None
+        if labels is not None:
+            vocab = self.config.vocab_size
+            forward_loss = F.cross_entropy(
+                forward_logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
+            backward_loss = F.cross_entropy(
+                backward_logits[:, 1:].reshape(-1, vocab), labels[:, :-1].reshape(-1), ignore_index=-100
+            )
+            loss = 0.5 * (forward_loss + backward_loss)
+        return ElmoBidirectionalLMOutput(
+            loss=loss,
+            forward_logits=forward_logits,
+            backward_logits=backward_logits,
+            hidden_states=outputs.hidden_states,
+            final_state=outputs.final_state,
+        )
+
+
+class ElmoScalarMix(nn.Module):
+    """Task-specific combination of the biLM layers: `gamma * sum_j softmax(s)_j * h_j`.
+
+    Args:
+        num_layers: number of layers mixed (`config.n_layers + 1`).
+        do_layer_norm: normalise each layer first with the mean and variance of each sentence's real
+            positions (all of its values). The original normalised over the whole batch, which makes a
+            sentence's output depend on its batch; per sentence keeps the output batch-independent.
+        initial_scalar_parameters: initial `s` (default zeros = uniform average).
+        trainable: learn `s` and `gamma` (False fixes them, e.g. `[-9e10, 1, -9e10]` selects layer 1).
+        layer_dropout: in training, drop each layer from the mix with this probability.
+        dropout: dropout on the mixed output, in training.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        do_layer_norm: bool = False,
+        initial_scalar_parameters: Sequence[float] | None = None,
+        trainable: bool = True,
+        layer_dropout: float = 0.0,
+        dropout: float = 0.0,
+        layer_norm_eps: float = 1e-12,
+    ):
+        super().__init__()
+        initial = list(initial_scalar_parameters) if initial_scalar_parameters is not None else [0.0] * num_layers
+        if len(initial) != num_layers:
+            raise ValueError(f"{len(initial)} initial scalar parameters for {num_layers} layers")
+        self.num_layers = num_layers
+        self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32), requires_grad=trainable)
+        self.gamma = nn.Parameter(torch.ones(1), requires_grad=trainable)
+        self.do_layer_norm = do_layer_norm
+        self.layer_dropout = layer_dropout
+        self.dropout = nn.Dropout(dropout)
+        self.layer_norm_eps = layer_norm_eps
+
+    def layer_weights(self) -> torch.Tensor:
+        """softmax(s), shape (num_layers,)."""
+        scores = self.scalar_parameters
+        if self.training and self.layer_dropout > 0:
+            dropped = torch.rand_like(scores) < self.layer_dropout
+            scores = scores.masked_fill(dropped, -1e20)
+        return torch.softmax(scores, dim=0)
+
+    def l2_penalty(self) -> torch.Tensor:
+        """sum(s^2), the paper's regulariser (multiply by lambda, e.g. 0.001)."""
+        return (self.scalar_parameters**2).sum()
+
+    def forward(self, layers: Sequence[torch.Tensor] | torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`num_layers` tensors (batch, positions, width) and an optional (batch, positions) mask → (batch, positions, width)"""
+        if len(layers) != self.num_layers:
+            raise ValueError(f"ElmoScalarMix expects {self.num_layers} layers, got {len(layers)}")
+        weights = self.layer_weights().to(layers[0].dtype)
+        mixed = 0
+        for weight, layer in zip(weights, layers):
+            if self.do_layer_norm:
+                layer = self._normalise(layer, mask)
+            mixed = mixed + weight * layer
+        return self.dropout(self.gamma.to(layers[0].dtype) * mixed)
+
+    def _normalise(self, layer: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if mask is None:
+            mask = torch.ones(layer.shape[:2], dtype=torch.bool, device=layer.device)
+        weights = mask.to(layer.dtype)[..., None]  # (batch, positions, 1)
+        count = (weights.sum(dim=(1, 2)) * layer.shape[-1]).clamp(min=1)[:, None, None]
+        mean = (layer * weights).sum(dim=(1, 2), keepdim=True) / count
+        variance = (((layer - mean) * weights) ** 2).sum(dim=(1, 2), keepdim=True) / count
+        return (layer - mean) / torch.sqrt(variance + self.layer_norm_eps) * weights
+
+
+@dataclass
+class ElmoRepresentations(ModelOutput):
+    """
+    Args:
+        representations (`tuple(torch.FloatTensor)`): one mix per requested representation, each
+            (batch, words, 2 * projection_dim), sentence boundaries removed unless kept.
+        mask (`torch.BoolTensor` of shape `(batch, words)`): real positions.
+        hidden_states: the biLM layers the mixes were computed from (same positions as `mask`).
+    """
+
+    representations: tuple[torch.FloatTensor, ...] | None = None
+    mask: torch.BoolTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop each row's first (`<S>`) and last real (`</S>`) position.
+
+    (batch, positions, ...) and (batch, positions) right-padded mask → (batch, positions - 2, ...), mask.
+    """
+    words_mask = mask[:, 2:].bool()
+    shape = (*words_mask.shape, *([1] * (tensor.dim() - 2)))
+    return tensor[:, 1:-1] * words_mask.view(shape).to(tensor.dtype), words_mask
+
+
+class ElmoWithScalarMixes(nn.Module):
+    """A biLM run once with `num_output_representations` independent scalar mixes (AllenNLP's `Elmo`).
+
+    Args:
+        elmo: the biLM.
+        num_output_representations: how many task mixes to learn (e.g. one for the input and one for the
+            output of a task model).
+        requires_grad: fine-tune the biLM (default frozen: no autograd graph through it).
+        keep_sentence_boundaries: keep the `<S>`/`</S>` positions (inputs must contain them to remove them).
+        dropout: on every mixed output in training (AllenNLP's default 0.5).
+        do_layer_norm, scalar_mix_parameters, layer_dropout: passed to every `ElmoScalarMix`
+            (`scalar_mix_parameters` given = fixed, untrained weights).
+    """
+
+    def __init__(
+        self,
+        elmo: ElmoModel,
+        num_output_representations: int = 1,
+        requires_grad: bool = False,
+        keep_sentence_boundaries: bool = False,
+        dropout: float = 0.5,
+        do_layer_norm: bool = False,
+        scalar_mix_parameters: Sequence[float] | None = None,
+        layer_dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.elmo = elmo
+        self.elmo.requires_grad_(requires_grad)
+        self.requires_grad = requires_grad
+        self.keep_sentence_boundaries = keep_sentence_boundaries
+        self.scalar_mixes = nn.ModuleList(
+            ElmoScalarMix(
+                elmo.config.num_output_layers,
+                do_layer_norm=do_layer_norm,
+                initial_scalar_parameters=scalar_mix_parameters,
+                trainable=scalar_mix_parameters is None,
+                layer_dropout=layer_dropout,
+                dropout=dropout,
+            )
+            for _ in range(num_output_representations)
+        )
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> ElmoRepresentations:
+        """(batch, positions, chars) ids with `<S>`/`</S>` rows → `ElmoRepresentations`."""
+        with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
+            layers = self.elmo(input_ids, attention_mask).hidden_states
+        mask = attention_mask.bool() if attention_mask is not None else (input_ids > 0).any(dim=-1)
+        if not self.keep_sentence_boundaries:
+            stripped = [remove_sentence_boundaries(layer, mask)[0] for layer in layers]
+            layers, mask = tuple(stripped), mask[:, 2:]
+        representations = tuple(mix(layers, mask) for mix in self.scalar_mixes)
+        return ElmoRepresentations(representations=representations, mask=mask, hidden_states=layers)
+
+
+ElmoModel.register_for_auto_class("AutoModel")
+ElmoForBidirectionalLM.register_for_auto_class("AutoModelForPreTraining")
+
+__all__ = [
+    "ElmoBidirectionalLMOutput",
+    "ElmoForBidirectionalLM",
+    "ElmoModel",
+    "ElmoModelOutput",
+    "ElmoPreTrainedModel",
+    "ElmoRepresentations",
+    "ElmoScalarMix",
+    "ElmoState",
+    "ElmoWithScalarMixes",
+    "remove_sentence_boundaries",
+]

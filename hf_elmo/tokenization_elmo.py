@@ -1,0 +1,331 @@
+"""Character tokenizer of ELMo: words → (words, max_characters_per_token) character ids.
+
+The ids are exactly those of AllenNLP's `ELMoCharacterMapper` and bilm-tf's `Batcher`: a word is its
+UTF-8 bytes between begin-of-word and end-of-word markers, filled with a padding character, every id
+shifted by +1 so that an all-zero row means "no token here" (a padding position).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import regex
+from transformers import BatchEncoding, PreTrainedTokenizer
+from transformers.utils import PaddingStrategy, TensorType
+
+# Raw character ids (training id space); the encoded ids are these + 1.
+BEGIN_OF_SENTENCE_CHAR = 256
+END_OF_SENTENCE_CHAR = 257
+BEGIN_OF_WORD_CHAR = 258
+END_OF_WORD_CHAR = 259
+PADDING_CHAR = 260
+
+# Raw text is split Moses-style, as the released models' training text was: clitics split off
+# ("don't" -> "don 't"), each punctuation mark and each CJK character alone, while dotted abbreviations
+# ("U.S."), numbers with separators ("1,000.5"), hyphenated and apostrophe-free words stay whole.
+_CJK = r"\p{Han}\p{Hiragana}\p{Katakana}"
+_WORD_SPLIT_PATTERN = regex.compile(
+    rf"""(?:[^\W\d_{_CJK}]\.){{2,}}          # U.S., e.g.
+    |\d+(?:[.,:/]\d+)+                        # 1,000.5  12:30  1/2
+    |[^\W_{_CJK}]+(?:-[^\W_{_CJK}]+)*         # words, hyphenated words, numbers
+    |(?<=[^\W_])'[^\W_{_CJK}]+                # clitics after a letter: 's 't 're 'll
+    |[{_CJK}]                                 # one CJK character per token
+    |\X                                       # any other grapheme (punctuation, emoji, symbols)
+    """,
+    regex.VERBOSE,
+)
+
+
+def split_words(text: str) -> list[str]:
+    """Split raw text into words: whitespace first, then punctuation and clitics (see module comment)."""
+    return [word for chunk in text.split() for word in _WORD_SPLIT_PATTERN.findall(chunk) if not word.isspace()]
+
+
+@lru_cache(maxsize=1 << 16)
+def _word_char_ids(word: str, max_characters_per_token: int, bos_token: str, eos_token: str) -> tuple[int, ...]:
+    if word == bos_token:
+        chars: bytes | list[int] = [BEGIN_OF_SENTENCE_CHAR]
+    elif word == eos_token:
+        chars = [END_OF_SENTENCE_CHAR]
+    else:
+        # "surrogatepass" keeps lone surrogates (UTF-16 debris) as bytes instead of dropping them.
+        chars = word.encode("utf-8", "surrogatepass")[: max_characters_per_token - 2]
+    ids = [BEGIN_OF_WORD_CHAR, *chars, END_OF_WORD_CHAR]
+    ids += [PADDING_CHAR] * (max_characters_per_token - len(ids))
+    return tuple(i + 1 for i in ids)
+
+
+class ElmoCharTokenizer(PreTrainedTokenizer):
+    r"""
+    ELMo character tokenizer. Returns `input_ids` of shape `(batch, words, max_characters_per_token)` and an
+    `attention_mask` of shape `(batch, words)`; with `add_special_tokens=True` (default) every sentence gets a
+    `<S>` row before its first word and a `</S>` row after its last word, as the biLM expects.
+
+    Input is raw text (split by `split_words`: Moses-style, clitics and punctuation split off) or pre-tokenized
+    words with `is_split_into_words=True`. Words are cut to their first `max_characters_per_token - 2` UTF-8
+    bytes (possibly inside a multi-byte character, as the original). An empty word is a valid token with no
+    characters; lone surrogates are kept as their UTF-8-style bytes; empty or whitespace-only text is a sentence
+    with no words (`<S> </S>` only). Padding is always on the right; padded positions are rows of zeros.
+
+    Args:
+        max_characters_per_token (`int`, 50): character slots per word, markers included.
+        bos_token (`str`, `"<S>"`), eos_token (`str`, `"</S>"`): the sentence boundary pseudo-words; the same
+            strings inside the input are encoded as boundaries too (AllenNLP's behaviour).
+        pad_token (`str`, `"<pad>"`), unk_token (`str`, `"<UNK>"`): pseudo tokens for HF tooling; characters
+            never go out of vocabulary.
+    """
+
+    vocab_files_names: dict[str, str] = {}
+    model_input_names = ["input_ids", "attention_mask"]
+    padding_side = "right"
+
+    def __init__(
+        self,
+        max_characters_per_token: int = 50,
+        bos_token: str = "<S>",
+        eos_token: str = "</S>",
+        pad_token: str = "<pad>",
+        unk_token: str = "<UNK>",
+        **kwargs,
+    ):
+        if max_characters_per_token < 3:
+            raise ValueError("max_characters_per_token must leave room for the begin/end-of-word markers (>= 3)")
+        if kwargs.get("padding_side", "right") != "right":
+            raise ValueError("ElmoCharTokenizer pads on the right only")
+        self.max_characters_per_token = max_characters_per_token
+        super().__init__(
+            max_characters_per_token=max_characters_per_token,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            pad_token=pad_token,
+            unk_token=unk_token,
+            **kwargs,
+        )
+
+    # -- vocabulary: characters need none; the special pseudo tokens live in added_tokens ----------------
+    @property
+    def vocab_size(self) -> int:
+        return 0
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.added_tokens_encoder)
+
+    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, ...]:
+        return ()
+
+    def _tokenize(self, text: str, **kwargs) -> list[str]:
+        return split_words(text)
+
+    # -- encoding -----------------------------------------------------------------------------------------
+    def word_to_char_ids(self, word: str) -> tuple[int, ...]:
+        """The `max_characters_per_token` ids (+1 scheme) of one word; `<S>`/`</S>` give the boundary rows."""
+        return _word_char_ids(word, self.max_characters_per_token, str(self.bos_token), str(self.eos_token))
+
+    def _sentence_words(self, text: Any, is_split_into_words: bool) -> list[str]:
+        if is_split_into_words:
+            if not isinstance(text, (list, tuple)) or not all(isinstance(w, str) for w in text):
+                raise TypeError("with is_split_into_words=True each sentence must be a list of str")
+            return list(text)
+        if not isinstance(text, str):
+            raise TypeError(f"expected a str (or is_split_into_words=True for word lists), got {type(text).__name__}")
+        return split_words(text)
+
+    def _encode_plus(
+        self,
+        text: Any,
+        text_pair: Any = None,
+        add_special_tokens: bool = True,
+        padding_strategy: PaddingStrategy = PaddingStrategy.DO_NOT_PAD,
+        truncation_strategy: Any = None,
+        max_length: int | None = None,
+        is_split_into_words: bool = False,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_tensors: str | TensorType | None = None,
+        return_attention_mask: bool | None = None,
+        return_overflowing_tokens: bool = False,
+        return_special_tokens_mask: bool = False,
+        return_offsets_mapping: bool = False,
+        return_length: bool = False,
+        **kwargs,
+    ) -> BatchEncoding:
+        if text_pair is not None:
+            raise ValueError("ElmoCharTokenizer encodes single sentences; text pairs are not supported")
+        if return_overflowing_tokens or return_offsets_mapping:
+            raise ValueError("ElmoCharTokenizer does not return overflowing tokens or offset mappings")
+        batched = isinstance(text, (list, tuple)) and (
+            not is_split_into_words or (len(text) > 0 and isinstance(text[0], (list, tuple)))
+        )
+        sentences = [self._sentence_words(t, is_split_into_words) for t in (text if batched else [text])]
+        truncate = truncation_strategy is not None and str(getattr(truncation_strategy, "value", truncation_strategy))
+        if truncate not in (None, False, "do_not_truncate") and max_length is not None:
+            budget = max_length - (2 if add_special_tokens else 0)
+            if budget < 0:
+                raise ValueError(f"max_length={max_length} leaves no room for the <S> and </S> rows")
+            sentences = [words[:budget] for words in sentences]
+
+        features: dict[str, list] = {"input_ids": [], "attention_mask": []}
+        if return_special_tokens_mask:
+            features["special_tokens_mask"] = []
+        for words in sentences:
+            rows = [self.word_to_char_ids(w) for w in words]
+            special = [0] * len(rows)
+            if add_special_tokens:
+                rows = [self.word_to_char_ids(str(self.bos_token)), *rows, self.word_to_char_ids(str(self.eos_token))]
+                special = [1, *special, 1]
+            features["input_ids"].append(rows)
+            features["attention_mask"].append([1] * len(rows))
+            if return_special_tokens_mask:
+                features["special_tokens_mask"].append(special)
+        if return_length:
+            features["length"] = [len(rows) for rows in features["input_ids"]]
+        if not batched and padding_strategy == PaddingStrategy.DO_NOT_PAD:
+            single = {key: value[0] for key, value in features.items()}
+            if return_attention_mask is False:
+                single.pop("attention_mask")
+            return BatchEncoding(single, tensor_type=return_tensors, prepend_batch_axis=return_tensors is not None)
+        encoded = self.pad(
+            features,
+            padding=padding_strategy,
+            max_length=max_length,
+            pad_to_multiple_of=pad_to_multiple_of,
+            padding_side=padding_side,
+            return_attention_mask=return_attention_mask,
+            return_tensors=None if not batched else return_tensors,
+        )
+        if batched:
+            return encoded
+        return BatchEncoding({k: v[0] for k, v in encoded.items()}, tensor_type=return_tensors, prepend_batch_axis=True)
+
+    def pad(
+        self,
+        encoded_inputs: Any,
+        padding: bool | str | PaddingStrategy = True,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_attention_mask: bool | None = None,
+        return_tensors: str | TensorType | None = None,
+        verbose: bool = True,
+    ) -> BatchEncoding:
+        """Pad a batch (a list of feature dicts, or a dict of lists) on the right.
+
+        `input_ids` get all-zero rows, `attention_mask` 0, `labels` -100, `special_tokens_mask` 1, other
+        per-position lists 0; per-example scalars (e.g. a class `label`) pass through unchanged.
+        """
+        if (padding_side or self.padding_side) != "right":
+            raise ValueError("ElmoCharTokenizer pads on the right only: the backward LM starts at each sentence's end")
+        if isinstance(encoded_inputs, (list, tuple)):
+            if not encoded_inputs:
+                raise ValueError("cannot pad an empty list of examples")
+            encoded_inputs = {key: [example[key] for example in encoded_inputs] for key in encoded_inputs[0]}
+        batch = dict(encoded_inputs)
+        if "input_ids" not in batch:
+            raise ValueError(f"pad needs 'input_ids' in the inputs, got keys {sorted(batch)}")
+        ids = batch["input_ids"]
+        if _is_single_sentence(ids):
+            return self.pad(
+                {key: [value] for key, value in batch.items()}, padding, max_length, pad_to_multiple_of,
+                padding_side, return_attention_mask, return_tensors, verbose,
+            )
+        lengths = [len(rows) for rows in ids]
+        if "attention_mask" not in batch:
+            batch["attention_mask"] = [[1] * n for n in lengths]
+        strategy = _padding_strategy(padding)
+        if strategy == PaddingStrategy.DO_NOT_PAD:
+            if return_tensors is not None and len(set(lengths)) > 1:
+                raise ValueError("sentences differ in length: pass padding=True to return tensors")
+            target = max(lengths, default=0)
+        elif strategy == PaddingStrategy.MAX_LENGTH:
+            if max_length is None:
+                raise ValueError("padding='max_length' needs max_length")
+            target = max([max_length, *lengths])
+        else:
+            target = max(lengths, default=0)
+        if pad_to_multiple_of and target % pad_to_multiple_of:
+            target += pad_to_multiple_of - target % pad_to_multiple_of
+
+        padded: dict[str, Any] = {}
+        for key, values in batch.items():
+            if key == "input_ids":
+                array = np.zeros((len(ids), target, self.max_characters_per_token), dtype=np.int64)
+                for row, rows in enumerate(ids):
+                    if len(rows):
+                        array[row, : len(rows)] = np.asarray(rows, dtype=np.int64)
+                padded[key] = array
+            elif values and (isinstance(values[0], (list, tuple, np.ndarray)) or _is_tensor(values[0])):
+                fill = {"labels": -100, "special_tokens_mask": 1}.get(key, 0)
+                array = np.full((len(values), target), fill, dtype=np.int64)
+                for row, value in enumerate(values):
+                    value = np.asarray(value, dtype=np.int64).reshape(-1)
+                    array[row, : len(value)] = value
+                padded[key] = array
+            else:
+                padded[key] = values
+        if return_attention_mask is False:
+            padded.pop("attention_mask")
+        if return_tensors is None and strategy == PaddingStrategy.DO_NOT_PAD:
+            # Unpadded Python lists, one per sentence, each as long as its own sentence.
+            padded = {k: [v[i][:n].tolist() for i, n in enumerate(lengths)] if isinstance(v, np.ndarray) and v.ndim > 1
+                      else v for k, v in padded.items()}
+        elif return_tensors is None:
+            padded = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in padded.items()}
+        return BatchEncoding(padded, tensor_type=return_tensors)
+
+    # -- decoding -----------------------------------------------------------------------------------------
+    def char_ids_to_word(self, char_ids: Any) -> str | None:
+        """The word of one row of character ids; `None` for a padding position."""
+        raw = [int(i) - 1 for i in char_ids if int(i) > 0]
+        if not raw:
+            return None
+        chars = [c for c in raw if c not in (BEGIN_OF_WORD_CHAR, END_OF_WORD_CHAR, PADDING_CHAR)]
+        if chars == [BEGIN_OF_SENTENCE_CHAR]:
+            return str(self.bos_token)
+        if chars == [END_OF_SENTENCE_CHAR]:
+            return str(self.eos_token)
+        data = bytes(c for c in chars if c < 256)
+        try:
+            return data.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:  # a multi-byte character cut by the 48-byte limit
+            return data.decode("utf-8", "replace")
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs) -> str | list[str]:
+        """Words of `(words, chars)` ids joined by spaces, or a list of strings for `(batch, words, chars)`."""
+        array = np.asarray(token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids, dtype=np.int64)
+        if array.ndim == 3:
+            return [self.decode(sentence, skip_special_tokens) for sentence in array]
+        if array.ndim != 2 and array.size:
+            raise ValueError(f"expected ids of shape (words, chars) or (batch, words, chars), got {array.shape}")
+        specials = {str(self.bos_token), str(self.eos_token)}
+        words = [self.char_ids_to_word(row) for row in array.reshape(-1, self.max_characters_per_token)]
+        return " ".join(w for w in words if w is not None and not (skip_special_tokens and w in specials))
+
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False, **kwargs) -> list[str]:
+        decoded = self.decode(sequences, skip_special_tokens)
+        return [decoded] if isinstance(decoded, str) else decoded
+
+
+def _is_single_sentence(ids: Any) -> bool:
+    """True for (words, chars) ids, False for a batch (batch, words, chars)."""
+    if _is_tensor(ids) or isinstance(ids, np.ndarray):
+        return np.ndim(ids) == 2
+    return len(ids) > 0 and len(ids[0]) > 0 and isinstance(ids[0][0], (int, np.integer))
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "tolist") and not isinstance(value, np.ndarray)
+
+
+def _padding_strategy(padding: bool | str | PaddingStrategy) -> PaddingStrategy:
+    if padding is True:
+        return PaddingStrategy.LONGEST
+    if padding is False or padding is None:
+        return PaddingStrategy.DO_NOT_PAD
+    return PaddingStrategy(padding)
+
+
+ElmoCharTokenizer.register_for_auto_class()
+
+__all__ = ["ElmoCharTokenizer", "split_words"]
