@@ -230,10 +230,8 @@ def convert(
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token).save_pretrained(output_dir)
-    write_model_card(
-        output_dir, model,
-        source=source or f"converted from the original weights `{Path(options_file).name}` + `{Path(weights_file).name}`",
-    )
+    names = f"`{Path(options_file).name}` + `{Path(weights_file).name}`"
+    write_model_card(output_dir, model, source=source or f"Converted from the original weights {names}.")
     return output_dir
 
 

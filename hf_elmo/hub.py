@@ -29,8 +29,10 @@ representations"), packaged for Hugging Face `transformers` with the `elmo` proj
 | character CNN | {n_filters} filters {filters}, {activation}, char embedding {char_embedding_dim} |
 | highway layers | {n_highway} |
 | token representation | {projection_dim} |
-| biLSTM | {n_layers} layers per direction, cell {lstm_dim}, projection {projection_dim}, cell clip {cell_clip}, projection clip {proj_clip}, residual: {use_skip_connections} |
-| output layers | {num_output_layers} of width {output_dim} (token layer duplicated, then each biLSTM layer as [forward; backward]) |
+| biLSTM | {n_layers} layers per direction, cell {lstm_dim}, projection {projection_dim} |
+| clipping | cell {cell_clip}, projection {proj_clip} |
+| residual connections | {use_skip_connections} |
+| output layers | {num_output_layers} of width {output_dim}: the token layer duplicated, then each biLSTM layer |
 | parameters | {n_parameters:,} |
 
 Input: every word is its UTF-8 bytes (at most {max_word_bytes}) between begin/end-of-word markers,
@@ -66,7 +68,9 @@ doc._.elmo_layers  # ({num_output_layers}, n_tokens, {output_dim})
 """
 
 
-def build_model_card(config: ElmoConfig, source: str, repo_id: str = "path/to/model", n_parameters: int = 0) -> ModelCard:
+def build_model_card(
+    config: ElmoConfig, source: str, repo_id: str = "path/to/model", n_parameters: int = 0
+) -> ModelCard:
     """A model card describing the architecture, its size, where the weights come from and how to use them."""
     card_data = ModelCardData(
         library_name="transformers",
@@ -92,7 +96,9 @@ def build_model_card(config: ElmoConfig, source: str, repo_id: str = "path/to/mo
     return ModelCard(text)
 
 
-def write_model_card(output_dir: str | Path, model: torch.nn.Module, source: str, repo_id: str = "path/to/model") -> Path:
+def write_model_card(
+    output_dir: str | Path, model: torch.nn.Module, source: str, repo_id: str = "path/to/model"
+) -> Path:
     """Write `README.md` (the model card of `model`) into a `save_pretrained` directory."""
     n_parameters = sum(p.numel() for p in model.parameters())
     path = Path(output_dir) / "README.md"

@@ -490,7 +490,7 @@ class ElmoScalarMix(nn.Module):
         return (self.scalar_parameters**2).sum()
 
     def forward(self, layers: Sequence[torch.Tensor] | torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`num_layers` tensors (batch, positions, width) and an optional (batch, positions) mask → (batch, positions, width)"""
+        """`num_layers` tensors (batch, positions, width) and a mask (batch, positions) → (batch, positions, width)"""
         if len(layers) != self.num_layers:
             raise ValueError(f"ElmoScalarMix expects {self.num_layers} layers, got {len(layers)}")
         weights = self.layer_weights().to(layers[0].dtype)

@@ -1,0 +1,44 @@
+"""Paths to the original AllenNLP / bilm-tf test files in ../shared (never copied into the project)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "data" / "elmo-fixtures"
+ALLENNLP = FIXTURES / "allennlp"
+BILM_TF = FIXTURES / "bilm-tf" / "model"
+# (name, model directory, sentences file); the allennlp model has skip connections, the bilm-tf one has none.
+FIXTURE_MODELS = [
+    ("allennlp", ALLENNLP, ALLENNLP / "sentences.json"),
+    ("bilm-tf", BILM_TF, BILM_TF / "lm_embeddings_sentences.json"),
+]
+
+
+def require(path: Path) -> Path:
+    """The fixture path; a missing fixture fails under CI (CI=true) and skips elsewhere."""
+    if not path.exists():
+        message = f"fixture {path} is missing"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def sentences(path: Path) -> list[list[str]]:
+    """3 lists of 10 whitespace-tokenized sentences; batch i of the original test = [s[0][i], s[1][i], s[2][i]]."""
+    return json.loads(require(path).read_text())
+
+
+def tiny_config(**overrides):
+    """A small random-weight architecture with every feature on (projection, clipping, residual)."""
+    from hf_elmo import ElmoConfig
+
+    settings = dict(
+        char_embedding_dim=4, filters=[[1, 4], [2, 8], [3, 16]], n_highway=2, lstm_dim=24, projection_dim=8,
+        n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True,
+    )
+    return ElmoConfig(**{**settings, **overrides})

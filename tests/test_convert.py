@@ -1,0 +1,147 @@
+"""Original options.json + hdf5 ↔ save_pretrained: exact round trip, loading, and clear errors."""
+
+import json
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from elmo_fixtures import ALLENNLP, FIXTURE_MODELS, require, sentences, tiny_config
+from transformers import AutoModel, AutoTokenizer
+
+from hf_elmo import ElmoModel
+from hf_elmo.convert import LegacyWeightsError, convert, export_hdf5, legacy_layout, load_legacy
+
+
+def read_all(path):
+    with h5py.File(path, "r") as handle:
+        found = {}
+        handle.visititems(lambda name, item: found.__setitem__(name, item[...]) if isinstance(item, h5py.Dataset)
+                          else None)
+    return found
+
+
+@pytest.mark.parametrize("name,model_dir,sentences_file", FIXTURE_MODELS, ids=[m[0] for m in FIXTURE_MODELS])
+def test_round_trip_is_bit_exact(tmp_path, name, model_dir, sentences_file):
+    options, weights = require(model_dir / "options.json"), require(model_dir / "lm_weights.hdf5")
+    convert(options, weights, tmp_path / "model")
+    options_out, weights_out = export_hdf5(tmp_path / "model", tmp_path / "export" / "elmo_")
+    original, exported = read_all(weights), read_all(weights_out)
+    assert sorted(original) == sorted(exported)
+    for dataset, array in original.items():
+        assert exported[dataset].dtype == np.float32
+        np.testing.assert_array_equal(exported[dataset], array, err_msg=dataset)
+    original_options, exported_options = json.loads(options.read_text()), json.loads(options_out.read_text())
+    assert exported_options["lstm"] == original_options["lstm"]
+    assert {k: exported_options["char_cnn"][k] for k in original_options["char_cnn"]} == original_options["char_cnn"]
+
+
+def test_converted_directory_loads_with_auto_classes(tmp_path):
+    out = convert(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"), tmp_path)
+    assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md"} <= {p.name for p in out.iterdir()}
+    model, tokenizer = AutoModel.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
+    assert model.config.use_skip_connections and model.config.n_highway == 2
+    # Batch 0 of the original test starts from the zero state, so the loaded model reproduces it directly.
+    words = [sentences(ALLENNLP / "sentences.json")[k][0].split() for k in range(3)]
+    encoded = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        top = model(**encoded).last_hidden_state
+    for k in range(3):
+        expected = h5py.File(ALLENNLP / f"lm_embeddings_{k}.hdf5", "r")["0"][...]
+        actual = top[k, 1 : len(words[k]) + 1].numpy()
+        assert np.abs(actual - np.concatenate(expected, axis=-1)).max() <= 1e-5
+    card = (out / "README.md").read_text()
+    assert "lm_weights.hdf5" in card and "trust_remote_code=True" in card and "elmo_layers" in card
+
+
+@pytest.mark.parametrize("overrides", [
+    {"filters": [[1, 4], [2, 4]], "projection_dim": 8, "n_highway": 0},  # F == P: no CNN_proj datasets
+    {"projection_dim": 24, "cell_clip": None, "proj_clip": None},  # P == D: no W_P_0 datasets
+    {"use_skip_connections": False, "activation": "tanh", "n_layers": 3},
+])
+def test_layout_variants_round_trip(tmp_path, overrides):
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(**overrides))
+    model.save_pretrained(tmp_path / "model")
+    options, weights = export_hdf5(tmp_path / "model", tmp_path / "legacy_")
+    assert sorted(read_all(weights)) == sorted(legacy_layout(model.config))
+    reloaded = load_legacy(options, weights)
+    for key, value in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], value), key
+
+
+@pytest.fixture
+def legacy_copy(tmp_path):
+    """A writable copy of the allennlp fixture pair in tmp_path."""
+    options = shutil.copy(require(ALLENNLP / "options.json"), tmp_path / "options.json")
+    weights = shutil.copy(require(ALLENNLP / "lm_weights.hdf5"), tmp_path / "weights.hdf5")
+    return tmp_path / "options.json", tmp_path / "weights.hdf5", options, weights
+
+
+def edit_options(path, update):
+    options = json.loads(path.read_text())
+    update(options)
+    path.write_text(json.dumps(options))
+
+
+def test_training_options_with_261_characters_are_accepted(legacy_copy):
+    options, weights, *_ = legacy_copy
+    edit_options(options, lambda o: o["char_cnn"].update(n_characters=261))
+    assert load_legacy(options, weights).config.n_characters == 262
+
+
+def test_missing_dataset_names_it(legacy_copy):
+    options, weights, *_ = legacy_copy
+    with h5py.File(weights, "a") as handle:
+        del handle["CNN_high_1/W_carry"]
+    with pytest.raises(LegacyWeightsError, match=r"'CNN_high_1/W_carry' is missing \(expected shape \(124, 124\)\)"):
+        load_legacy(options, weights)
+
+
+def test_wrong_shape_names_dataset_and_shapes(legacy_copy):
+    options, weights, *_ = legacy_copy
+    with h5py.File(weights, "a") as handle:
+        del handle["CNN_proj/b_proj"]
+        handle["CNN_proj/b_proj"] = np.zeros(17, np.float32)
+    with pytest.raises(LegacyWeightsError, match=r"'CNN_proj/b_proj' has shape \(17,\), options.json implies \(16,\)"):
+        load_legacy(options, weights)
+
+
+def test_options_that_do_not_match_the_weights(legacy_copy):
+    options, weights, *_ = legacy_copy
+    edit_options(options, lambda o: o["char_cnn"].update(n_highway=3))
+    with pytest.raises(LegacyWeightsError, match="'CNN_high_2/W_carry' is missing"):
+        load_legacy(options, weights)
+    edit_options(options, lambda o: o["char_cnn"].update(n_highway=1))
+    with pytest.raises(LegacyWeightsError, match="unexpected dataset.*CNN_high_1/W_carry"):
+        load_legacy(options, weights)
+    edit_options(options, lambda o: (o["char_cnn"].update(n_highway=2), o["lstm"].update(dim=32)))
+    with pytest.raises(LegacyWeightsError, match=r"W_0' has shape \(32, 256\), options.json implies \(32, 128\)"):
+        load_legacy(options, weights)
+
+
+def test_corrupt_and_missing_files(legacy_copy, tmp_path):
+    options, weights, *_ = legacy_copy
+    weights.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 10)
+    with pytest.raises(LegacyWeightsError, match="not a readable HDF5 weight file"):
+        load_legacy(options, weights)
+    with pytest.raises(LegacyWeightsError, match="no such file"):
+        load_legacy(options, tmp_path / "nope.hdf5")
+    options.write_text("{not json")
+    with pytest.raises(LegacyWeightsError, match="not valid JSON"):
+        load_legacy(options, weights)
+    options.write_text(json.dumps({"lstm": {"dim": 4}}))
+    with pytest.raises(LegacyWeightsError, match="word-input"):
+        load_legacy(options, weights)
+    options.write_text(json.dumps({"char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4]]}, "lstm": {}}))
+    with pytest.raises(LegacyWeightsError, match="missing required key 'char_cnn.max_characters_per_token'"):
+        load_legacy(options, weights)
+
+
+def test_truncated_file_gives_a_clear_error(legacy_copy):
+    options, weights, *_ = legacy_copy
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(LegacyWeightsError, match="weights.hdf5"):
+        load_legacy(options, weights)

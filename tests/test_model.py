@@ -1,0 +1,257 @@
+"""ElmoModel behaviour: determinism, padding, explicit state, validation, gradients, presets, save/load."""
+
+import numpy as np
+import pytest
+import torch
+from elmo_fixtures import tiny_config
+from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTokenizer
+
+from hf_elmo import (
+    PRESETS,
+    ElmoCharTokenizer,
+    ElmoConfig,
+    ElmoForBidirectionalLM,
+    ElmoModel,
+    ElmoWithScalarMixes,
+)
+
+SENTENCES = [
+    ["The", "bank", "raised", "rates", "."],
+    ["We", "sat", "on", "the", "river", "bank"],
+    ["Hi"],
+    "A much longer sentence that goes on and on with many words in it , doesn't it ?".split(),
+]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return ElmoModel(tiny_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return ElmoCharTokenizer()
+
+
+def run(model, tokenizer, sentences, **kwargs):
+    encoded = tokenizer(sentences, is_split_into_words=True, padding=True, return_tensors="pt", **kwargs)
+    with torch.no_grad():
+        return encoded, model(**encoded, return_state=True)
+
+
+def test_output_shapes(model, tokenizer):
+    encoded, output = run(model, tokenizer, SENTENCES)
+    batch, positions = encoded["attention_mask"].shape
+    assert len(output.hidden_states) == 3
+    assert all(h.shape == (batch, positions, 16) for h in output.hidden_states)
+    assert output.last_hidden_state is output.hidden_states[-1]
+    h, c = output.final_state
+    assert h.shape == (2, 2, batch, 8) and c.shape == (2, 2, batch, 24)
+    # Layer 0 is the token representation duplicated.
+    torch.testing.assert_close(output.hidden_states[0][..., :8], output.hidden_states[0][..., 8:])
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]])
+def test_sentence_vectors_do_not_depend_on_the_batch(model, tokenizer, order):
+    _, batch_output = run(model, tokenizer, [SENTENCES[i] for i in order])
+    for row, index in enumerate(order):
+        _, alone = run(model, tokenizer, [SENTENCES[index]])
+        n = alone.hidden_states[0].shape[1]
+        for layer_batch, layer_alone in zip(batch_output.hidden_states, alone.hidden_states):
+            assert (layer_batch[row, :n] - layer_alone[0]).abs().max() <= 1e-5
+        for state_batch, state_alone in zip(batch_output.final_state, alone.final_state):
+            assert (state_batch[:, :, row] - state_alone[:, :, 0]).abs().max() <= 1e-5
+
+
+def test_extra_padding_changes_nothing(model, tokenizer):
+    _, tight = run(model, tokenizer, SENTENCES)
+    encoded_long = tokenizer(SENTENCES, is_split_into_words=True, padding="max_length", max_length=40,
+                             return_tensors="pt")
+    with torch.no_grad():
+        long = model(**encoded_long)
+    n = tight.hidden_states[0].shape[1]
+    for a, b in zip(tight.hidden_states, long.hidden_states):
+        assert (a - b[:, :n]).abs().max() <= 1e-5
+        assert b[:, n:].abs().max() == 0
+
+
+def test_padded_positions_are_exactly_zero(model, tokenizer):
+    encoded, output = run(model, tokenizer, SENTENCES)
+    padding = ~encoded["attention_mask"].bool()
+    assert padding.any()
+    for layer in output.hidden_states:
+        assert layer[padding].abs().max() == 0
+
+
+def test_same_sentence_twice_gives_identical_vectors(model, tokenizer):
+    _, first = run(model, tokenizer, SENTENCES)
+    _, second = run(model, tokenizer, SENTENCES)
+    for a, b in zip(first.hidden_states, second.hidden_states):
+        assert torch.equal(a, b)
+
+
+def test_empty_rows_and_empty_batches(model, tokenizer):
+    # A row with no position at all (no words, no boundaries) is all zeros and passes its state through.
+    encoded = tokenizer([["a", "b"], []], is_split_into_words=True, add_special_tokens=False, padding=True,
+                        return_tensors="pt")
+    state = tuple(torch.randn_like(s) for s in model.bilstm.zero_state(2, torch.zeros(1)))
+    with torch.no_grad():
+        output = model(**encoded, initial_state=state, return_state=True)
+    assert all(layer[1].abs().max() == 0 for layer in output.hidden_states)
+    assert torch.equal(output.final_state[0][:, :, 1], state[0][:, :, 1])
+    assert torch.equal(output.final_state[1][:, :, 1], state[1][:, :, 1])
+    assert not torch.equal(output.final_state[0][:, :, 0], state[0][:, :, 0])
+    # Empty sentence with boundaries: <S> </S> only.
+    _, output = run(model, tokenizer, [[]])
+    assert output.last_hidden_state.shape == (1, 2, 16)
+    # Zero sentences and zero positions.
+    for shape in [(0, 4, 50), (3, 0, 50)]:
+        with torch.no_grad():
+            output = model(torch.zeros(shape, dtype=torch.long), return_state=True)
+        assert all(layer.shape == (*shape[:2], 16) for layer in output.hidden_states)
+        assert output.final_state[0].shape == (2, 2, shape[0], 8)
+
+
+def test_state_continues_the_stream_exactly(model, tokenizer):
+    """Feeding a sentence in two calls with the state carried equals one call (forward direction)."""
+    words = SENTENCES[3]
+    whole = tokenizer([words], is_split_into_words=True, add_special_tokens=False, return_tensors="pt")
+    first = tokenizer([words[:6]], is_split_into_words=True, add_special_tokens=False, return_tensors="pt")
+    second = tokenizer([words[6:]], is_split_into_words=True, add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        full = model(**whole).last_hidden_state[..., :8]
+        part1 = model(**first, return_state=True)
+        # Only the forward state carries meaning here; the backward LM would need the future.
+        part2 = model(**second, initial_state=part1.final_state).last_hidden_state[..., :8]
+    torch.testing.assert_close(torch.cat([part1.last_hidden_state[..., :8], part2], 1), full, atol=1e-6, rtol=0)
+
+
+def test_bad_inputs_raise_clear_errors(model):
+    good = torch.ones(2, 3, 50, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"shape \(batch, positions, 50\)"):
+        model(torch.ones(2, 3, 49, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(batch, positions, 50\)"):
+        model(torch.ones(3, 50, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer character ids"):
+        model(good.float())
+    with pytest.raises(ValueError, match=r"\[0, 262\)"):
+        model(good * 300)
+    with pytest.raises(ValueError, match="padded on the right"):
+        model(good, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    with pytest.raises(ValueError, match="attention_mask must have shape"):
+        model(good, attention_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="initial_state must be"):
+        model(good, initial_state=(torch.zeros(2, 2, 3, 8), torch.zeros(2, 2, 3, 24)))
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_requires_grad(tokenizer, requires_grad):
+    torch.manual_seed(0)
+    embedder = ElmoWithScalarMixes(ElmoModel(tiny_config()), num_output_representations=2,
+                                   requires_grad=requires_grad, dropout=0.0)
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    output = embedder(**encoded)
+    sum(r.sum() for r in output.representations).backward()
+    for name, parameter in embedder.elmo.named_parameters():
+        if requires_grad:
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+        else:
+            assert parameter.grad is None, name
+    for mix in embedder.scalar_mixes:
+        assert mix.scalar_parameters.grad is not None and mix.gamma.grad is not None
+
+
+def test_dropout_only_in_training(tokenizer):
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(dropout=0.5))
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    model.train()
+    assert not torch.equal(model(**encoded).last_hidden_state, model(**encoded).last_hidden_state)
+    model.eval()
+    assert torch.equal(model(**encoded).last_hidden_state, model(**encoded).last_hidden_state)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"cell_clip": None, "proj_clip": None},
+    {"use_skip_connections": False},
+    {"projection_dim": 24},  # no LSTM projection (P == D)
+    {"filters": [[1, 4], [2, 4]], "projection_dim": 8, "n_highway": 0},  # no CNN projection (F == P)
+    {"activation": "tanh", "n_layers": 3},
+])
+def test_architecture_variants_run_and_are_batch_invariant(tokenizer, overrides):
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(**overrides)).eval()
+    _, batch_output = run(model, tokenizer, SENTENCES)
+    _, alone = run(model, tokenizer, SENTENCES[2:3])
+    n = alone.last_hidden_state.shape[1]
+    assert len(batch_output.hidden_states) == model.config.n_layers + 1
+    assert (batch_output.last_hidden_state[2, :n] - alone.last_hidden_state[0]).abs().max() <= 1e-5
+
+
+def test_presets_have_the_published_parameter_counts():
+    expected = {"small": 13_593_296, "medium": 28_027_728, "original": 93_600_848}
+    assert set(PRESETS) == set(expected)
+    for name, count in expected.items():
+        with torch.device("meta"):
+            model = ElmoModel(ElmoConfig.from_preset(name))
+        # The published counts are of the hdf5 layout, whose char embedding lacks our zero padding row.
+        padding_row = model.config.char_embedding_dim
+        assert sum(p.numel() for p in model.parameters()) - padding_row == count, name
+    with pytest.raises(ValueError, match="unknown ELMo preset"):
+        ElmoConfig.from_preset("huge")
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="activation"):
+        ElmoConfig(activation="gelu")
+    with pytest.raises(ValueError, match="n_characters must be 262"):
+        ElmoConfig(n_characters=261)
+    with pytest.raises(ValueError, match="filters"):
+        ElmoConfig(filters=[])
+    assert ElmoConfig(cell_clip=0, proj_clip=None).cell_clip is None  # 0 = no clipping, as in options.json
+
+
+def test_save_and_load_round_trip(tmp_path, model, tokenizer):
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(config, ElmoConfig) and config.to_dict()["filters"] == model.config.filters
+    loaded = AutoModel.from_pretrained(tmp_path).eval()
+    loaded_tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(loaded, ElmoModel) and isinstance(loaded_tokenizer, ElmoCharTokenizer)
+    _, expected = run(model, tokenizer, SENTENCES)
+    _, actual = run(loaded, loaded_tokenizer, SENTENCES)
+    for a, b in zip(expected.hidden_states, actual.hidden_states):
+        assert torch.equal(a, b)
+
+
+def test_bidirectional_lm_loss_and_loading(tmp_path, tokenizer):
+    torch.manual_seed(0)
+    lm = ElmoForBidirectionalLM(tiny_config(vocab_size=11, dropout=0.0)).eval()
+    encoded = tokenizer(SENTENCES[:2], is_split_into_words=True, padding=True, return_tensors="pt")
+    labels = torch.randint(0, 11, encoded["attention_mask"].shape).masked_fill(encoded["attention_mask"] == 0, -100)
+    output = lm(**encoded, labels=labels)
+    assert output.forward_logits.shape == (*labels.shape, 11)
+    # The forward LM predicts the next word, the backward LM the previous one; -100 is ignored.
+    forward = torch.nn.functional.cross_entropy(output.forward_logits[:, :-1].reshape(-1, 11),
+                                                labels[:, 1:].reshape(-1), ignore_index=-100)
+    backward = torch.nn.functional.cross_entropy(output.backward_logits[:, 1:].reshape(-1, 11),
+                                                 labels[:, :-1].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(output.loss, 0.5 * (forward + backward))
+    output.loss.backward()
+    assert lm.softmax.weight.grad.abs().sum() > 0
+    assert lm.elmo.char_cnn.char_embedding.weight.grad.abs().sum() > 0
+    assert lm.elmo.char_cnn.char_embedding.weight.grad[0].abs().sum() == 0  # padding row stays zero
+
+    lm.save_pretrained(tmp_path)
+    reloaded = AutoModelForPreTraining.from_pretrained(tmp_path).eval()
+    assert isinstance(reloaded, ElmoForBidirectionalLM)
+    torch.testing.assert_close(reloaded(**encoded, labels=labels).loss, output.loss, rtol=0, atol=0)
+    # The encoder alone loads from the LM checkpoint, with the same layers.
+    encoder = AutoModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        np.testing.assert_array_equal(encoder(**encoded).last_hidden_state.numpy(),
+                                      lm.elmo(**encoded).last_hidden_state.detach().numpy())
+    with pytest.raises(ValueError, match="vocab_size"):
+        ElmoForBidirectionalLM(tiny_config())
