@@ -255,3 +255,21 @@ def test_bidirectional_lm_loss_and_loading(tmp_path, tokenizer):
                                       lm.elmo(**encoded).last_hidden_state.detach().numpy())
     with pytest.raises(ValueError, match="vocab_size"):
         ElmoForBidirectionalLM(tiny_config())
+
+
+def test_chunked_computation_equals_unchunked(monkeypatch, model, tokenizer):
+    """Long sentences cross the time windows of the input projections and the char-CNN chunks unchanged."""
+    import hf_elmo.modeling_elmo as modeling
+
+    long_sentence = [f"w{i % 97}" for i in range(300)]
+    sentences = [long_sentence, SENTENCES[0]]
+    _, chunked = run(model, tokenizer, sentences)
+    monkeypatch.setattr(modeling, "LSTM_TIME_CHUNK", 10_000)
+    monkeypatch.setattr(modeling, "CHAR_CNN_CHUNK", 10_000)
+    _, whole = run(model, tokenizer, sentences)
+    monkeypatch.setattr(modeling, "LSTM_TIME_CHUNK", 7)
+    monkeypatch.setattr(modeling, "CHAR_CNN_CHUNK", 3)
+    _, small = run(model, tokenizer, sentences)
+    for a, b, c in zip(chunked.hidden_states, whole.hidden_states, small.hidden_states):
+        assert (a - b).abs().max() <= 1e-5 and (a - c).abs().max() <= 1e-5
+    assert chunked.hidden_states[-1][0, 301].abs().sum() > 0  # the last word (</S>) was computed
