@@ -1,13 +1,22 @@
-"""Model cards for ELMo `save_pretrained` directories and Hub repos."""
+"""Model cards for ELMo `save_pretrained` directories and Hub repos, and pushing a model to the Hub with its card.
+
+`model.push_to_hub(repo_id)` on an `ElmoModel` / `ElmoForBidirectionalLM` gets the card of `build_model_card`
+through `replace_generic_model_card` (see `ElmoPreTrainedModel.push_to_hub`); `push_to_hub` below uploads model,
+tokenizer and card in one commit.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
 from pathlib import Path
 
 import torch
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelCardData
 
 from .configuration_elmo import ElmoConfig
+from .tokenization_elmo import ElmoCharTokenizer
 
 _CARD_TEMPLATE = """---
 {card_data}
@@ -33,6 +42,7 @@ representations"), packaged for Hugging Face `transformers` with the `elmo` proj
 | clipping | cell {cell_clip}, projection {proj_clip} |
 | residual connections | {use_skip_connections} |
 | output layers | {num_output_layers} of width {output_dim}: the token layer duplicated, then each biLSTM layer |
+| word softmax | {softmax} |
 | parameters | {n_parameters:,} |
 
 Input: every word is its UTF-8 bytes (at most {max_word_bytes}) between begin/end-of-word markers,
@@ -52,10 +62,13 @@ batch = tokenizer([["The", "bank", "of", "the", "river", "."]], is_split_into_wo
 with torch.no_grad():
     layers = model(**batch).hidden_states  # {num_output_layers} x (batch, words + 2, {output_dim})
 ```
-
-With the `elmo` package installed (`pip install elmo`), `trust_remote_code` is not needed.
+{lm_usage}
+With the `elmo` package installed (`pip install elmo`), `import hf_elmo` registers the classes and
+`trust_remote_code` is not needed.
 
 ## Usage with spaCy
+
+With `pip install "elmo[spacy]"`:
 
 ```python
 import spacy
@@ -67,27 +80,48 @@ doc._.elmo_layers  # ({num_output_layers}, n_tokens, {output_dim})
 ```
 """
 
+_LM_USAGE = """
+The biLM's word softmax is included: `AutoModelForPreTraining.from_pretrained("{repo_id}", trust_remote_code=True)`
+gives `ElmoForBidirectionalLM`, whose `forward_logits` / `backward_logits` score the next / previous word.
+"""
+
+_SOURCE_SECTION = re.compile(r"^## Source of the weights[ \t]*\n(.*?)(?=^## |\Z)", re.DOTALL | re.MULTILINE)
+# The description of the template card `PreTrainedModel.push_to_hub` writes into a repo that has none.
+_GENERIC_CARD_SENTENCE = "This model card has been automatically generated."
+RANDOM_WEIGHTS_SOURCE = "Randomly initialised weights: this model has not been trained."
+
 
 def build_model_card(
-    config: ElmoConfig, source: str, repo_id: str = "path/to/model", n_parameters: int = 0
+    config: ElmoConfig,
+    source: str,
+    repo_id: str = "path/to/model",
+    n_parameters: int = 0,
+    tags: list[str] | None = None,
 ) -> ModelCard:
-    """A model card describing the architecture, its size, where the weights come from and how to use them."""
+    """A model card describing the architecture, its size, where the weights come from and how to use them.
+
+    `repo_id` is the id the usage snippets load; `tags` are added to the card's own.
+    """
+    own_tags = ["elmo", "bilm", "feature-extraction", "custom_code"]
     card_data = ModelCardData(
         library_name="transformers",
         license="apache-2.0",
-        tags=["elmo", "bilm", "feature-extraction", "custom_code"],
+        tags=[*own_tags, *(tag for tag in tags or [] if tag not in own_tags)],
         pipeline_tag="feature-extraction",
     )
+    has_softmax = bool(config.vocab_size)
     text = _CARD_TEMPLATE.format(
         card_data=card_data.to_yaml(),
         title_suffix=f" {config.lstm_dim}x{config.projection_dim}",
-        source=source,
+        source=source.strip(),
         repo_id=repo_id,
         n_parameters=n_parameters,
         max_word_bytes=config.max_characters_per_token - 2,
         n_filters=config.n_filters,
         output_dim=config.output_dim,
         num_output_layers=config.num_output_layers,
+        softmax=f"{config.vocab_size:,} words, shared by both directions" if has_softmax else "none (encoder only)",
+        lm_usage=_LM_USAGE.format(repo_id=repo_id) if has_softmax else "",
         **{key: getattr(config, key) for key in (
             "filters", "activation", "char_embedding_dim", "n_highway", "projection_dim", "n_layers", "lstm_dim",
             "cell_clip", "proj_clip", "use_skip_connections", "max_characters_per_token",
@@ -96,11 +130,97 @@ def build_model_card(
     return ModelCard(text)
 
 
+def model_card(
+    model: torch.nn.Module, repo_id: str, source: str | None = None, tags: list[str] | None = None
+) -> ModelCard:
+    """The card of `model` (an `ElmoModel` or `ElmoForBidirectionalLM`); `source` defaults to `weights_source`."""
+    n_parameters = sum(p.numel() for p in model.parameters())
+    return build_model_card(model.config, source or weights_source(model), repo_id, n_parameters, tags)
+
+
 def write_model_card(
     output_dir: str | Path, model: torch.nn.Module, source: str, repo_id: str = "path/to/model"
 ) -> Path:
     """Write `README.md` (the model card of `model`) into a `save_pretrained` directory."""
-    n_parameters = sum(p.numel() for p in model.parameters())
     path = Path(output_dir) / "README.md"
-    build_model_card(model.config, source, repo_id, n_parameters).save(path)
+    model_card(model, repo_id, source).save(path)
     return path
+
+
+def card_source(card_text: str) -> str | None:
+    """The "Source of the weights" section of a card made by `build_model_card`, or None."""
+    match = _SOURCE_SECTION.search(card_text)
+    return (match.group(1).strip() or None) if match else None
+
+
+def weights_source(model: torch.nn.Module) -> str:
+    """Where `model`'s weights come from, for its card.
+
+    A model loaded from a directory with a card of ours (e.g. made by `convert`) keeps that card's source; one
+    loaded from a Hub repo names the repo; a freshly built model says its weights are random. Local paths are
+    never written into a card.
+    """
+    origin = str(getattr(model, "name_or_path", "") or "")
+    if not origin:
+        return RANDOM_WEIGHTS_SOURCE
+    if os.path.isdir(origin):
+        readme = Path(origin) / "README.md"
+        source = card_source(readme.read_text(encoding="utf-8")) if readme.is_file() else None
+        return source or "Not recorded: the weights were loaded from a local directory without a model card."
+    return f"The weights of the Hub model `{origin}` (see its model card)."
+
+
+def is_generic_card(card_text: str) -> bool:
+    """True for the template card `transformers`' `push_to_hub` writes into a repo that has none."""
+    return _GENERIC_CARD_SENTENCE in card_text
+
+
+def replace_generic_model_card(
+    model: torch.nn.Module, commit: CommitInfo, revision: str | None = None, token: str | bool | None = None
+) -> CommitInfo | None:
+    """After `model.push_to_hub`: replace a template card at `commit` with the card of `model`.
+
+    `transformers` writes its template card when the repo had no README.md (or keeps one a tokenizer push
+    made); a card written by hand or by this module is kept. The new card keeps the template's tags and goes to
+    the same branch (`revision`) or pull request. Returns the card's commit, or None when nothing changed.
+    """
+    api = HfApi()
+    repo_id = commit.repo_url.repo_id
+    current = Path(api.hf_hub_download(repo_id, "README.md", revision=commit.oid, token=token)).read_text("utf-8")
+    if not is_generic_card(current):
+        return None
+    card = model_card(model, repo_id, tags=ModelCard(current).data.tags)
+    return api.upload_file(
+        path_or_fileobj=str(card).encode(),
+        path_in_repo="README.md",
+        repo_id=repo_id,
+        token=token,
+        revision=commit.pr_revision or revision,
+        commit_message="Add the ELMo model card",
+    )
+
+
+def push_to_hub(
+    model: torch.nn.Module,
+    tokenizer: ElmoCharTokenizer | None,
+    repo_id: str,
+    source: str | None = None,
+    *,
+    private: bool | None = None,
+    token: str | bool | None = None,
+    commit_message: str = "Upload ELMo model, tokenizer and model card",
+) -> CommitInfo:
+    """Upload `model`, its tokenizer and its card (with `source`, default `weights_source`) in one commit.
+
+    Creates the repo if needed. The card replaces any README.md already in the repo. Without `tokenizer`, the
+    `ElmoCharTokenizer` matching the model's config is uploaded.
+    """
+    api = HfApi()
+    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+    if tokenizer is None:
+        tokenizer = ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        model_card(model, repo_id, source).save(Path(folder) / "README.md")
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message, token=token)

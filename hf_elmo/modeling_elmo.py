@@ -306,6 +306,17 @@ class ElmoPreTrainedModel(PreTrainedModel):
             init.normal_(module.softmax.weight, std=math.sqrt(1.0 / config.projection_dim))
             init.zeros_(module.softmax.bias)
 
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """`PreTrainedModel.push_to_hub`; with the `hf_elmo` package installed, the repo then gets the ELMo model
+        card (`hf_elmo.hub`) in place of the template card transformers writes into a repo without one."""
+        commit = super().push_to_hub(repo_id, **kwargs)
+        try:  # absent where this file runs as Hub remote code (transformers' import check skips `try` blocks)
+            from hf_elmo.hub import replace_generic_model_card
+        except ImportError:
+            return commit
+        replace_generic_model_card(self, commit, revision=kwargs.get("revision"), token=kwargs.get("token"))
+        return commit
+
 
 class ElmoModel(ElmoPreTrainedModel):
     """The ELMo biLM: character ids in, `n_layers + 1` contextual layers out."""

@@ -43,18 +43,16 @@ def split_words(text: str) -> list[str]:
     return [word for chunk in text.split() for word in _WORD_SPLIT_PATTERN.findall(chunk) if not word.isspace()]
 
 
+# Shared int objects for the ids (CPython caches only ints up to 256), so cached rows stay small.
+_ID_OBJECTS = tuple(range(PADDING_CHAR + 2))
+
+
 @lru_cache(maxsize=1 << 16)
-def _word_char_ids(word: str, max_characters_per_token: int, bos_token: str, eos_token: str) -> tuple[int, ...]:
-    if word == bos_token:
-        chars: bytes | list[int] = [BEGIN_OF_SENTENCE_CHAR]
-    elif word == eos_token:
-        chars = [END_OF_SENTENCE_CHAR]
-    else:
-        # "surrogatepass" keeps lone surrogates (UTF-16 debris) as bytes instead of dropping them.
-        chars = word.encode("utf-8", "surrogatepass")[: max_characters_per_token - 2]
+def _char_ids(chars: bytes | tuple[int, ...], max_characters_per_token: int) -> tuple[int, ...]:
+    """The +1-shifted ids of one word's raw characters (at most `max_characters_per_token - 2` of them)."""
     ids = [BEGIN_OF_WORD_CHAR, *chars, END_OF_WORD_CHAR]
     ids += [PADDING_CHAR] * (max_characters_per_token - len(ids))
-    return tuple(i + 1 for i in ids)
+    return tuple(_ID_OBJECTS[i + 1] for i in ids)
 
 
 class ElmoCharTokenizer(PreTrainedTokenizer):
@@ -121,7 +119,13 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
     # -- encoding -----------------------------------------------------------------------------------------
     def word_to_char_ids(self, word: str) -> tuple[int, ...]:
         """The `max_characters_per_token` ids (+1 scheme) of one word; `<S>`/`</S>` give the boundary rows."""
-        return _word_char_ids(word, self.max_characters_per_token, str(self.bos_token), str(self.eos_token))
+        if word == self.bos_token:
+            return _char_ids((BEGIN_OF_SENTENCE_CHAR,), self.max_characters_per_token)
+        if word == self.eos_token:
+            return _char_ids((END_OF_SENTENCE_CHAR,), self.max_characters_per_token)
+        # "surrogatepass" keeps lone surrogates (UTF-16 debris) as bytes instead of dropping them.
+        return _char_ids(word.encode("utf-8", "surrogatepass")[: self.max_characters_per_token - 2],
+                         self.max_characters_per_token)
 
     def _sentence_words(self, text: Any, is_split_into_words: bool) -> list[str]:
         if is_split_into_words:

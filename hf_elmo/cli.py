@@ -1,0 +1,275 @@
+"""The `elmo` command line: `convert`, `export-hdf5`, `info` and `embed`.
+
+Thin wrappers around `hf_elmo.convert` and `hf_elmo.embed`; expected failures (missing files, bad options) end
+with a one-line `Error: ...` on stderr and exit code 1 (2 for usage errors), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import torch
+import typer
+from transformers import AutoConfig
+from transformers.utils import logging as hf_logging
+
+from . import convert as legacy
+from .configuration_elmo import ElmoConfig
+from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, embed_file
+from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
+from .tokenization_elmo import ElmoCharTokenizer
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+    pretty_exceptions_show_locals=False,
+)
+
+
+class LayerMode(str, Enum):
+    all = "all"
+    top = "top"
+    average = "average"
+    mix = "mix"
+
+
+@app.callback()
+def main() -> None:
+    """ELMo biLMs for Hugging Face transformers: convert original weights, inspect models, embed text."""
+    hf_logging.disable_progress_bar()  # loading bars of transformers would clutter the output
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _model_location(name: str) -> str:
+    """`name` if it is an existing directory or could be a Hub id (`name` or `org/name`); fail otherwise."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.exists():
+        _fail(f"{name} is a file; expected a save_pretrained directory or a Hub model id")
+    if path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
+        _fail(f"model directory {name} does not exist")
+    return name
+
+
+def _load_config(name: str) -> ElmoConfig:
+    try:
+        config = AutoConfig.from_pretrained(_model_location(name))
+    except (OSError, ValueError) as error:
+        _fail(f"cannot load the model config from {name}: {error}")
+    if not isinstance(config, ElmoConfig):
+        _fail(f"{name} is a {type(config).__name__} (model_type {config.model_type!r}), not an ELMo model")
+    return config
+
+
+def _load_model(name: str, config: ElmoConfig) -> ElmoModel | ElmoForBidirectionalLM:
+    """The biLM, with its softmax if the checkpoint has one (`config.vocab_size`)."""
+    model_class = ElmoForBidirectionalLM if config.vocab_size else ElmoModel
+    try:
+        return model_class.from_pretrained(_model_location(name), config=config)
+    except (OSError, ValueError) as error:
+        _fail(f"cannot load the model from {name}: {error}")
+
+
+def parameter_counts(model: ElmoModel | ElmoForBidirectionalLM) -> dict[str, int]:
+    """Parameters per part of the biLM: char embedding + CNN, highway, projection, each biLSTM layer, softmax
+    (only for `ElmoForBidirectionalLM`) and the total."""
+    elmo = model.elmo if isinstance(model, ElmoForBidirectionalLM) else model
+    cnn = elmo.char_cnn
+
+    def size(*modules: torch.nn.Module) -> int:
+        return sum(parameter.numel() for module in modules for parameter in module.parameters())
+
+    counts = {
+        "char embedding + CNN": size(cnn.char_embedding, cnn.convs),
+        "highway": size(cnn.highway),
+        "projection": size(cnn.projection),
+        **{f"biLSTM layer {index + 1}": size(layer) for index, layer in enumerate(elmo.bilstm.layers)},
+    }
+    if isinstance(model, ElmoForBidirectionalLM):
+        counts["softmax"] = size(model.softmax)
+    counts["total"] = size(model)
+    return counts
+
+
+@app.command()
+def convert(
+    options_json: Annotated[Path, typer.Argument(help="The original options.json.")],
+    weights_hdf5: Annotated[Path, typer.Argument(help="The original weights .hdf5.")],
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the save_pretrained directory.")],
+) -> None:
+    """Convert original ELMo weights (bilm-tf / AllenNLP options.json + .hdf5) into a save_pretrained directory
+    (config, model.safetensors, tokenizer, model card). Prints the directory."""
+    try:
+        output = legacy.convert(options_json, weights_hdf5, out_dir)
+    except (legacy.LegacyWeightsError, OSError) as error:
+        _fail(str(error))
+    typer.echo(output)
+
+
+@app.command("export-hdf5")
+def export_hdf5(
+    model_dir: Annotated[str, typer.Argument(metavar="MODEL_DIR", help="A save_pretrained directory or Hub model id.")],
+    out_prefix: Annotated[str, typer.Argument(metavar="OUT_PREFIX", help="Prefix of the two files, e.g. `out/elmo_`.")],
+) -> None:
+    """Write `<OUT_PREFIX>options.json` and `<OUT_PREFIX>weights.hdf5` in the original layout (readable by
+    bilm-tf and AllenNLP). Prints both paths."""
+    _load_config(model_dir)
+    try:
+        paths = legacy.export_hdf5(_model_location(model_dir), out_prefix)
+    except OSError as error:
+        _fail(str(error))
+    for path in paths:
+        typer.echo(path)
+
+
+@app.command()
+def info(
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A save_pretrained directory or Hub model id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+) -> None:
+    """Print the config (every field) and the parameter count of each part of the biLM."""
+    config = _load_config(model)
+    counts = parameter_counts(_load_model(model, config))
+    fields = config.to_dict()
+    if as_json:
+        typer.echo(json.dumps({"config": fields, "parameters": counts}, indent=2))
+        return
+    typer.echo(f"model: {model}")
+    typer.echo(f"output: {config.num_output_layers} layers of width {config.output_dim}")
+    typer.echo("config:")
+    width = max(map(len, fields))
+    for key, value in fields.items():
+        typer.echo(f"  {key:<{width}}  {value if isinstance(value, str) else json.dumps(value)}")
+    typer.echo("parameters:")
+    width = max(map(len, counts))
+    for part, count in counts.items():
+        typer.echo(f"  {part:<{width}}  {count:>15,}")
+
+
+def _parse_weights(weights: str) -> list[float]:
+    try:
+        return [float(value) for value in weights.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated numbers, got {weights!r}", param_hint="--weights") from None
+
+
+@app.command()
+def embed(
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A save_pretrained directory or Hub model id.")],
+    input_file: Annotated[str, typer.Argument(metavar="INPUT", help="Text file, one sentence per line; `-`: stdin.")],
+    output_file: Annotated[Path, typer.Argument(metavar="OUTPUT", help="`.hdf5`, `.h5` or `.npy` file.")],
+    tokenized: Annotated[
+        bool, typer.Option("--tokenized", help="Lines are words separated by whitespace (else raw text).")
+    ] = False,
+    layers: Annotated[
+        LayerMode,
+        typer.Option(help="`all` (layers, words, width) per sentence; `top`, `average` or `mix`: (words, width)."),
+    ] = LayerMode.all,
+    weights: Annotated[
+        str | None,
+        typer.Option(help="With `--layers mix`: comma-separated scalar parameters s, one per layer (softmaxed)."),
+    ] = None,
+    gamma: Annotated[float, typer.Option(help="With `--layers mix`: the scale gamma.")] = 1.0,
+    batch_tokens: Annotated[
+        int, typer.Option(min=1, help="Padded positions per forward pass (sentence boundaries included).")
+    ] = 4096,
+    buffer_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Positions read ahead and sorted by length [default: 4 x batch-tokens].")
+    ] = None,
+    forget_sentences: Annotated[
+        bool, typer.Option("--forget-sentences", help="hdf5: leave out `sentence_to_index` (flat memory).")
+    ] = False,
+    device: Annotated[str, typer.Option(help="`cpu`, `cuda`, `cuda:1`, ...")] = "cpu",
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
+) -> None:
+    """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
+
+    **Input.** Line i (0-based, split on `\\n` only; `\\r\\n` and a leading BOM are accepted) is always
+    sentence i. Raw text is split into words like the tokenizer's raw-text mode (`split_words`: punctuation,
+    clitics, CJK characters and emoji become words); `--tokenized` splits on whitespace only (`str.split`).
+    An empty or whitespace-only line is a sentence with no words. Words longer than 48 UTF-8 bytes are cut
+    by the tokenizer; NUL and control characters, emoji and CJK are ordinary characters; `<S>`/`</S>` given
+    as words are encoded as sentence boundaries (AllenNLP's behaviour). The input is decoded as UTF-8 with
+    `surrogateescape`: invalid bytes never fail, each becomes a lone surrogate U+DC80..U+DCFF (encoded by
+    the tokenizer as 3 bytes, split off as its own word in raw-text mode).
+
+    **Output.** `.hdf5`/`.h5`: AllenNLP's `elmo` layout, one float32 dataset per sentence named by its line
+    index, shape (layers, words, width) with `--layers all` else (words, width), plus `sentence_to_index`
+    (a JSON string {stripped line: "index"}; a repeated line maps to its last index). `.npy`: the vectors of all
+    words in input order, (total words, layers, width) or (total words, width), and `<stem>.offsets.npy`
+    (int64, sentences + 1): sentence i is rows offsets[i]:offsets[i+1] (an empty sentence repeats an offset).
+    The output appears only when complete.
+
+    **Layers.** `mix` computes gamma * sum_j softmax(s)_j * layer_j as `ElmoScalarMix`, s from `--weights`
+    (default zeros: the average); e.g. `--weights=-9e10,1,-9e10` selects the first biLSTM layer.
+
+    **Batching.** Sentences are read in chunks of `--buffer-tokens` positions, sorted by length, run in batches
+    of at most `--batch-tokens` positions and written in input order, so memory does not grow with the input
+    (except `sentence_to_index`; see `--forget-sentences`). A sentence's vectors do not depend on its batch.
+    """
+    # A str, not a Path with allow_dash: typer 0.29 compares Path("-") with "-" and rejects stdin.
+    if input_file != "-" and not Path(input_file).exists():
+        raise typer.BadParameter(f"{input_file} does not exist", param_hint="INPUT")
+    if Path(input_file).is_dir():
+        raise typer.BadParameter(f"{input_file} is a directory", param_hint="INPUT")
+    suffix = output_file.suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise typer.BadParameter(
+            f"unknown format {suffix or '(no suffix)'!r}; use .hdf5, .h5 or .npy", param_hint="OUTPUT"
+        )
+    if not output_file.parent.is_dir():
+        _fail(f"output directory {output_file.parent} does not exist")
+    if output_file.is_dir():
+        _fail(f"{output_file} is a directory")
+    if layers != LayerMode.mix and (weights is not None or gamma != 1.0):
+        raise typer.BadParameter("only with --layers mix", param_hint="--weights/--gamma")
+    scalar_parameters = _parse_weights(weights) if weights is not None else None
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError as error:
+        raise typer.BadParameter(str(error), param_hint="--device") from None
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: CUDA is not available")
+    config = _load_config(model)
+    if scalar_parameters is not None and len(scalar_parameters) != config.num_output_layers:
+        raise typer.BadParameter(
+            f"{len(scalar_parameters)} weights given; the model has {config.num_output_layers} layers "
+            f"(the token layer + {config.n_layers} biLSTM layers)",
+            param_hint="--weights",
+        )
+    if threads is not None:
+        torch.set_num_threads(threads)
+    bilm = _load_model(model, config)
+    embedder = ElmoEmbedder(
+        bilm.elmo if isinstance(bilm, ElmoForBidirectionalLM) else bilm,
+        ElmoCharTokenizer.from_pretrained(_model_location(model)),
+        layers=layers.value,
+        scalar_parameters=scalar_parameters,
+        gamma=gamma,
+        batch_tokens=batch_tokens,
+        buffer_tokens=buffer_tokens,
+        device=torch_device,
+    )
+    try:
+        count = embed_file(
+            embedder, input_file, output_file, tokenized=tokenized, progress=not quiet,
+            sentence_index=not forget_sentences,
+        )
+    except (OSError, ImportError) as error:
+        _fail(str(error))
+    if not quiet:
+        typer.echo(f"{count} sentences written to {output_file}", err=True)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,369 @@
+"""Embed many sentences with an ELMo biLM: length-sorted batches, streaming input, output in input order.
+
+`ElmoEmbedder` turns sentences (lists of words) into per-word vectors; `embed_file` runs it over a text file
+(one sentence per line) and writes `.hdf5` (AllenNLP's `elmo` command layout) or `.npy` through the writers
+below. Memory stays flat on any input size: at most `buffer_tokens` positions of input are buffered (plus
+one sentence of read-ahead), and the `.npy` writer streams to disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+from numpy.lib import format as npy_format
+from tqdm import tqdm
+
+from .modeling_elmo import ElmoModel, ElmoScalarMix
+from .tokenization_elmo import ElmoCharTokenizer, split_words
+
+LAYER_MODES = ("all", "top", "average", "mix")
+OUTPUT_SUFFIXES = (".hdf5", ".h5", ".npy")
+
+
+def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Group sentence indices, longest first, so that every padded batch has at most `batch_tokens` positions.
+
+    A sentence of n words takes n + 2 positions (`<S>`, `</S>`); one longer than the budget is a batch of its own.
+    """
+    batches: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        # The first sentence of a batch is its longest, so it sets the padded width.
+        if batches and (len(batches[-1]) + 1) * (lengths[batches[-1][0]] + 2) <= batch_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
+def _chunks(sentences: Iterable[Sequence[str]], buffer_tokens: int) -> Iterator[list[list[str]]]:
+    """Consecutive runs of sentences of at most `buffer_tokens` positions (or one longer sentence)."""
+    chunk: list[list[str]] = []
+    positions = 0
+    for words in sentences:
+        words = list(words)
+        if chunk and positions + len(words) + 2 > buffer_tokens:
+            yield chunk
+            chunk, positions = [], 0
+        chunk.append(words)
+        positions += len(words) + 2
+    if chunk:
+        yield chunk
+
+
+class ElmoEmbedder:
+    r"""
+    Per-word ELMo vectors for many sentences, `<S>`/`</S>` removed. Every sentence starts from the zero LSTM state,
+    so its vectors do not depend on the other sentences of its batch.
+
+    Args:
+        model (`ElmoModel`): the biLM; it is put in eval mode (and moved to `device` if given).
+        tokenizer (`ElmoCharTokenizer`, optional): defaults to one matching `model.config`.
+        layers (`str`, `"all"`): `"all"` gives `(n_layers + 1, words, width)` per sentence; `"top"` the last biLSTM
+            layer, `"average"` the mean of all layers and `"mix"` `gamma * sum_j softmax(s)_j * layer_j`, each
+            `(words, width)`.
+        scalar_parameters (`Sequence[float]`, optional): the unnormalised `s` of `"mix"`, one per layer (default
+            zeros, i.e. the average); as `ElmoScalarMix`, e.g. `[-9e10, 1, -9e10]` selects the first biLSTM layer.
+        gamma (`float`, 1.0): the scale of `"mix"`.
+        batch_tokens (`int`, 4096): padded positions per forward pass, boundaries included.
+        buffer_tokens (`int`, optional): positions read ahead and sorted by length before batching (default
+            `4 * batch_tokens`); bounds the memory held by `embed_sentences`.
+        device (`str` or `torch.device`, optional): where to run the model; default: where it is.
+    """
+
+    def __init__(
+        self,
+        model: ElmoModel,
+        tokenizer: ElmoCharTokenizer | None = None,
+        layers: str = "all",
+        scalar_parameters: Sequence[float] | None = None,
+        gamma: float = 1.0,
+        batch_tokens: int = 4096,
+        buffer_tokens: int | None = None,
+        device: str | torch.device | None = None,
+    ):
+        num_layers = model.config.num_output_layers
+        if layers not in LAYER_MODES:
+            raise ValueError(f"layers must be one of {LAYER_MODES}, got {layers!r}")
+        if layers != "mix" and (scalar_parameters is not None or gamma != 1.0):
+            raise ValueError("scalar parameters and gamma apply to layers='mix' only")
+        if scalar_parameters is not None and len(scalar_parameters) != num_layers:
+            raise ValueError(f"{len(scalar_parameters)} scalar parameters given, the model has {num_layers} layers")
+        if batch_tokens < 1 or (buffer_tokens is not None and buffer_tokens < 1):
+            raise ValueError("batch_tokens and buffer_tokens must be >= 1")
+        self.model = model.eval() if device is None else model.to(device).eval()
+        self.device = next(model.parameters()).device
+        self.tokenizer = tokenizer or ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+        self.layers = layers
+        self.batch_tokens = batch_tokens
+        self.buffer_tokens = buffer_tokens or 4 * batch_tokens
+        self.mix = None
+        if layers in ("average", "mix"):
+            self.mix = ElmoScalarMix(num_layers, initial_scalar_parameters=scalar_parameters, trainable=False)
+            self.mix.gamma.fill_(gamma)  # trainable=False: a plain in-place update
+            self.mix.to(self.device)
+        # The shape of one word's output.
+        width = model.config.output_dim
+        self.token_shape: tuple[int, ...] = (num_layers, width) if layers == "all" else (width,)
+
+    @torch.inference_mode()
+    def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One forward pass. Returns per sentence a float32 array `(layers, words, width)` or `(words, width)`."""
+        encoded = self.tokenizer(
+            [list(words) for words in sentences], is_split_into_words=True, padding=True, return_tensors="pt"
+        )
+        hidden_states = self.model(
+            encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device)
+        ).hidden_states
+        if self.layers == "all":
+            output = torch.stack(hidden_states)  # (layers, batch, positions, width)
+        elif self.layers == "top":
+            output = hidden_states[-1]  # (batch, positions, width)
+        else:
+            output = self.mix(hidden_states)
+        output = output.float().cpu().numpy()
+        # Copies, so that no sentence keeps the whole batch alive.
+        return [output[..., row, 1 : len(words) + 1, :].copy() for row, words in enumerate(sentences)]
+
+    def embed_sentences(self, sentences: Iterable[Sequence[str]]) -> Iterator[np.ndarray]:
+        """Embed lazily, yielding one array per sentence (see `embed_batch`) in input order.
+
+        The input is consumed in chunks of about `buffer_tokens` positions; each chunk is sorted by length and
+        cut into batches of at most `batch_tokens` positions, so padding is small and memory bounded.
+        """
+        for chunk in _chunks(sentences, self.buffer_tokens):
+            embeddings: dict[int, np.ndarray] = {}
+            for batch in length_batches([len(words) for words in chunk], self.batch_tokens):
+                embeddings.update(zip(batch, self.embed_batch([chunk[i] for i in batch])))
+            for index in range(len(chunk)):
+                yield embeddings.pop(index)
+
+
+# -- input --------------------------------------------------------------------------------------------------
+
+
+def read_lines(stream: BinaryIO, on_bytes: Callable[[int], object] | None = None) -> Iterator[str]:
+    """Lines of a UTF-8 byte stream, split on `\\n` only (a `\\r` before it and a leading BOM are dropped).
+
+    Bytes that are not valid UTF-8 never fail: they decode to lone surrogates U+DC80..U+DCFF
+    (`errors="surrogateescape"`), from which `.encode("utf-8", "surrogateescape")` gives back the original bytes.
+    `on_bytes` is called with the size of every raw line (e.g. a progress bar's `update`).
+    """
+    for index, raw in enumerate(stream):
+        if on_bytes is not None:
+            on_bytes(len(raw))
+        line = raw.decode("utf-8", "surrogateescape").removesuffix("\n").removesuffix("\r")
+        yield line.removeprefix("\ufeff") if index == 0 else line
+
+
+def _regular_file_size(stream: BinaryIO) -> int | None:
+    try:
+        info = os.fstat(stream.fileno())
+    except (OSError, ValueError):  # in-memory streams have no file descriptor
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+# -- output -------------------------------------------------------------------------------------------------
+
+
+def _partial_path(path: Path) -> Path:
+    """Where a file is written until it is complete, then renamed to `path`."""
+    return path.with_name(f".{path.name}.partial")
+
+
+class EmbeddingWriter:
+    """Base of the writers: a context manager that keeps the output only if the block completes."""
+
+    count: int
+
+    def add(self, embedding: np.ndarray, sentence: str) -> None:
+        """Write the next sentence: `embedding` (layers, words, width) or (words, width), and its text."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Finish the output file(s)."""
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Delete what was written."""
+        raise NotImplementedError
+
+    def __enter__(self) -> EmbeddingWriter:
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+class Hdf5Writer(EmbeddingWriter):
+    """AllenNLP's `elmo` command layout: one float32 dataset per sentence named by its 0-based index, and
+    `sentence_to_index`, a one-element string dataset holding JSON `{stripped line: "index"}` (a repeated line maps
+    to its last index). `sentence_index=False` leaves it out and keeps memory flat on huge inputs.
+    """
+
+    def __init__(self, path: str | Path, sentence_index: bool = True):
+        try:
+            import h5py
+        except ImportError:
+            raise ImportError("writing .hdf5 needs h5py: pip install 'elmo[hdf5]'") from None
+        self.path = Path(path)
+        self.count = 0
+        self.sentence_to_index: dict[str, str] | None = {} if sentence_index else None
+        self._string_dtype = h5py.string_dtype()
+        self._file = h5py.File(_partial_path(self.path), "w")
+
+    def add(self, embedding: np.ndarray, sentence: str) -> None:
+        key = str(self.count)
+        self._file.create_dataset(key, data=np.asarray(embedding, dtype=np.float32))
+        if self.sentence_to_index is not None:
+            self.sentence_to_index[sentence.strip()] = key
+        self.count += 1
+
+    def close(self) -> None:
+        if self.sentence_to_index is not None:
+            # ensure_ascii (the default) writes undecodable input bytes as \udcXX escapes.
+            index = self._file.create_dataset("sentence_to_index", (1,), dtype=self._string_dtype)
+            index[0] = json.dumps(self.sentence_to_index)
+        self._file.close()
+        os.replace(_partial_path(self.path), self.path)
+
+    def discard(self) -> None:
+        self._file.close()
+        _partial_path(self.path).unlink(missing_ok=True)
+
+
+class _GrowingNpy:
+    """A `.npy` file grown along its first axis; the header is rewritten with the final length on `close`.
+
+    numpy pads every header so that the first dimension can grow to 21 digits in place.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype | type, row_shape: tuple[int, ...]):
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.row_shape = row_shape
+        self.rows = 0
+        self._file = open(_partial_path(path), "wb")
+        self._write_header()
+        self._data_start = self._file.tell()
+
+    def _write_header(self) -> None:
+        shape = (self.rows, *self.row_shape)
+        header = {"descr": npy_format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
+        npy_format.write_array_header_1_0(self._file, header)
+
+    def append(self, rows: np.ndarray) -> None:
+        """Append `rows` of shape (n, *row_shape)."""
+        rows = np.ascontiguousarray(rows, dtype=self.dtype)
+        if rows.shape[1:] != self.row_shape:
+            raise ValueError(f"expected rows of shape (n, {', '.join(map(str, self.row_shape))}), got {rows.shape}")
+        self._file.write(rows.data)
+        self.rows += len(rows)
+
+    def close(self) -> None:
+        self._file.seek(0)
+        self._write_header()
+        if self._file.tell() != self._data_start:
+            raise RuntimeError(f"{self.path}: the final .npy header does not fit where the first one was written")
+        self._file.close()
+        os.replace(_partial_path(self.path), self.path)
+
+    def discard(self) -> None:
+        self._file.close()
+        _partial_path(self.path).unlink(missing_ok=True)
+
+
+class NpyWriter(EmbeddingWriter):
+    """All word vectors concatenated in input order, `(total_words, *token_shape)` float32 (words first: an `"all"`
+    embedding `(layers, words, width)` is stored as `(words, layers, width)`), and `<stem>.offsets.npy`, int64 of
+    shape `(sentences + 1,)`: sentence i is rows `offsets[i]:offsets[i + 1]`. Both are written streaming.
+    """
+
+    def __init__(self, path: str | Path, token_shape: tuple[int, ...]):
+        self.path = Path(path)
+        self.offsets_path = self.path.with_suffix(".offsets.npy")
+        self.count = 0
+        self._vectors = _GrowingNpy(self.path, np.float32, tuple(token_shape))
+        self._offsets = _GrowingNpy(self.offsets_path, np.int64, ())
+        self._offsets.append(np.zeros(1, dtype=np.int64))
+
+    def add(self, embedding: np.ndarray, sentence: str) -> None:
+        self._vectors.append(np.moveaxis(embedding, -2, 0))
+        self._offsets.append(np.array([self._vectors.rows], dtype=np.int64))
+        self.count += 1
+
+    def close(self) -> None:
+        self._vectors.close()
+        self._offsets.close()
+
+    def discard(self) -> None:
+        self._vectors.discard()
+        self._offsets.discard()
+
+
+def open_writer(path: str | Path, token_shape: tuple[int, ...], sentence_index: bool = True) -> EmbeddingWriter:
+    """The writer for `path`'s suffix: `.hdf5`/`.h5` (`Hdf5Writer`) or `.npy` (`NpyWriter`)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise ValueError(f"unknown output format {suffix or '(no suffix)'!r} of {path}: use .hdf5, .h5 or .npy")
+    return NpyWriter(path, token_shape) if suffix == ".npy" else Hdf5Writer(path, sentence_index)
+
+
+def embed_file(
+    embedder: ElmoEmbedder,
+    input_file: str | Path,
+    output_file: str | Path,
+    tokenized: bool = False,
+    progress: bool = True,
+    sentence_index: bool = True,
+) -> int:
+    """Embed every line of `input_file` (`"-"`: stdin) as one sentence into `output_file`; returns the line count.
+
+    Line i is sentence i: an empty or whitespace-only line is a sentence without words. Lines are whitespace-
+    separated words with `tokenized=True` (`str.split`), else raw text split by `split_words`. The output appears
+    only once complete (it is written to a hidden `.partial` file next to it first). The progress bar counts bytes.
+    """
+    with ExitStack() as stack:
+        stream = sys.stdin.buffer if str(input_file) == "-" else stack.enter_context(open(input_file, "rb"))
+        bar = stack.enter_context(tqdm(
+            total=_regular_file_size(stream), unit="B", unit_scale=True, unit_divisor=1024, desc="embedding",
+            file=sys.stderr, disable=not progress,
+        ))
+        writer = stack.enter_context(open_writer(output_file, embedder.token_shape, sentence_index))
+        lines: deque[str] = deque()  # read but not yet written: bounded by the embedder's buffer
+
+        def sentences() -> Iterator[list[str]]:
+            for line in read_lines(stream, bar.update):
+                lines.append(line)
+                yield line.split() if tokenized else split_words(line)
+
+        for embedding in embedder.embed_sentences(sentences()):
+            writer.add(embedding, lines.popleft())
+        return writer.count
+
+
+__all__ = [
+    "LAYER_MODES",
+    "OUTPUT_SUFFIXES",
+    "ElmoEmbedder",
+    "EmbeddingWriter",
+    "Hdf5Writer",
+    "NpyWriter",
+    "embed_file",
+    "length_batches",
+    "open_writer",
+    "read_lines",
+]

@@ -1,0 +1,222 @@
+"""Tests of the `elmo` command line (in-process with typer's CliRunner, and real subprocesses)."""
+
+# The fixtures imported from test_embed.py are redefined as test arguments by design.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from test_embed import (  # noqa: F401 (fixtures shared with test_embed.py; pytest finds them by name)
+    FIXTURES,
+    TINY_CONFIG,
+    allennlp_model_dir,
+    direct_layers,
+    one_torch_thread,
+    tiny_model,
+    tiny_model_dir,
+)
+from typer.testing import CliRunner
+
+from hf_elmo import ElmoConfig, ElmoForBidirectionalLM, ElmoModel, split_words
+from hf_elmo.cli import app, parameter_counts
+
+# Wide enough that rich never wraps an error message (a temporary path) inside its panel.
+runner = CliRunner(env={"COLUMNS": "1000"})
+
+
+def run(*args: object):
+    """`elmo ARGS` in this process (`one_torch_thread` restores what `--threads` changes)."""
+    return runner.invoke(app, [str(arg) for arg in args])
+
+
+def assert_clean_failure(result, message: str, exit_code: int | None = None) -> None:
+    """Failed with `message` on stderr and no traceback."""
+    assert result.exit_code != 0 if exit_code is None else result.exit_code == exit_code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    assert message in " ".join(result.stderr.replace("│", " ").split()), result.stderr
+
+
+def test_convert_writes_a_loadable_directory(tmp_path):
+    result = run("convert", FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5", tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(tmp_path / "model")
+    model = ElmoModel.from_pretrained(tmp_path / "model")
+    with h5py.File(FIXTURES / "lm_weights.hdf5") as weights:
+        np.testing.assert_array_equal(model.char_cnn.char_embedding.weight[1:].detach().numpy(), weights["char_embed"])
+
+
+@pytest.mark.parametrize(
+    ("options", "weights", "message"),
+    [
+        ("options.json", "sentences.json", "not a readable HDF5 weight file"),
+        ("missing.json", "lm_weights.hdf5", "missing.json: no such file"),
+        ("vocab_test.txt", "lm_weights.hdf5", "not valid JSON"),
+    ],
+)
+def test_convert_reports_legacy_weight_errors_without_traceback(tmp_path, options, weights, message):
+    result = run("convert", FIXTURES / options, FIXTURES / weights, tmp_path / "model")
+    assert_clean_failure(result, message, exit_code=1)
+    assert result.stderr.startswith("Error: ")
+    assert not (tmp_path / "model").exists()
+
+
+def test_export_hdf5_gives_back_the_original_weights(allennlp_model_dir, tmp_path):
+    result = run("export-hdf5", allennlp_model_dir, tmp_path / "out" / "elmo_")
+    assert result.exit_code == 0, result.output
+    options_path, weights_path = (Path(line) for line in result.stdout.splitlines())
+    assert options_path == tmp_path / "out" / "elmo_options.json"
+    assert weights_path == tmp_path / "out" / "elmo_weights.hdf5"
+    assert json.loads(options_path.read_text())["lstm"]["projection_dim"] == 16
+    with h5py.File(weights_path) as exported, h5py.File(FIXTURES / "lm_weights.hdf5") as original:
+        names = []
+        original.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+        for name in names:
+            np.testing.assert_array_equal(exported[name][()], original[name][()])
+
+
+def test_info_prints_every_config_field_and_the_parameter_counts(tiny_model_dir):
+    result = run("info", tiny_model_dir)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    config = ElmoConfig.from_pretrained(tiny_model_dir)
+    for key in config.to_dict():
+        assert any(line.split()[:1] == [key] for line in lines), key
+    assert "  filters                   [[1, 4], [2, 8], [3, 16]]" in lines
+    assert "output: 3 layers of width 16" in lines
+    # char embedding 262*4 + convs (4*4+4) + (8*4*2+8) + (16*4*3+16); highway 28 -> 2*28; projection 28 -> 8;
+    # per biLSTM layer: 2 directions * (input 128*8 + recurrent 128*8 + bias 128 + projection 8*32).
+    expected = {"char embedding + CNN": 1_348, "highway": 1_624, "projection": 232, "biLSTM layer 1": 4_864,
+                "biLSTM layer 2": 4_864, "total": 12_932}
+    parts = dict(line.strip().rsplit(None, 1) for line in lines[lines.index("parameters:") + 1 :])
+    assert {part: int(count.replace(",", "")) for part, count in parts.items()} == expected
+    assert "softmax" not in result.stdout
+
+    as_json = json.loads(run("info", tiny_model_dir, "--json").stdout)
+    assert as_json["parameters"] == expected
+    assert as_json["config"]["lstm_dim"] == 32
+
+
+def test_info_counts_the_softmax_of_a_language_model(tmp_path):
+    model = ElmoForBidirectionalLM(ElmoConfig(**TINY_CONFIG, vocab_size=50))
+    model.save_pretrained(tmp_path)
+    result = run("info", tmp_path, "--json")
+    assert result.exit_code == 0, result.output
+    counts = json.loads(result.stdout)["parameters"]
+    assert counts["softmax"] == 8 * 50 + 50
+    assert counts["total"] == 12_932 + 450 == sum(p.numel() for p in model.parameters())
+    assert counts == parameter_counts(model)
+
+
+def read_npy_output(path: Path) -> list[np.ndarray]:
+    vectors, offsets = np.load(path), np.load(path.with_suffix(".offsets.npy"))
+    return [vectors[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+
+
+def test_embed_matches_the_allennlp_model_called_directly(allennlp_model_dir, tmp_path):
+    groups = json.loads((FIXTURES / "sentences.json").read_text(encoding="utf-8"))
+    lines = [sentence for group in groups for sentence in group]
+    source = tmp_path / "sentences.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    model = ElmoModel.from_pretrained(allennlp_model_dir).eval()
+
+    result = run("embed", allennlp_model_dir, source, tmp_path / "out.hdf5", "--tokenized", "--batch-tokens", 300, "-q")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    with h5py.File(tmp_path / "out.hdf5") as output:
+        assert len(output) == len(lines) + 1
+        assert json.loads(output["sentence_to_index"][0]) == {line: str(i) for i, line in enumerate(lines)}
+        for i, line in enumerate(lines):
+            np.testing.assert_allclose(output[str(i)][()], direct_layers(model, line.split()), atol=1e-5, rtol=0)
+
+    result = run("embed", allennlp_model_dir, source, tmp_path / "top.npy", "--tokenized", "--layers", "top", "-q")
+    assert result.exit_code == 0, result.output
+    for line, vectors in zip(lines, read_npy_output(tmp_path / "top.npy"), strict=True):
+        np.testing.assert_allclose(vectors, direct_layers(model, line.split())[-1], atol=1e-5, rtol=0)
+
+
+def test_embed_mix_applies_softmaxed_weights_and_gamma(tiny_model, tiny_model_dir, tmp_path):
+    source = tmp_path / "input.txt"
+    source.write_text("One sentence here.\n\nAnd don't forget U.S. 1,000.5!\n", encoding="utf-8")
+    args = ("embed", tiny_model_dir, source, tmp_path / "mix.npy", "--layers", "mix", "--weights=-1,0.5,2", "-q")
+    result = run(*args, "--gamma", 0.5)
+    assert result.exit_code == 0, result.output
+    weights = torch.softmax(torch.tensor([-1.0, 0.5, 2.0]), dim=0).numpy()
+    embedded = read_npy_output(tmp_path / "mix.npy")
+    assert [len(vectors) for vectors in embedded] == [4, 0, 7]  # And don 't forget U.S. 1,000.5 !
+    for line, vectors in zip(source.read_text().splitlines(), embedded, strict=True):
+        expected = 0.5 * np.tensordot(weights, direct_layers(tiny_model, split_words(line)), axes=1)
+        np.testing.assert_allclose(vectors, expected, atol=1e-5, rtol=0)
+
+
+def test_embed_shows_progress_and_a_summary_unless_quiet(tiny_model_dir, tmp_path):
+    source = tmp_path / "input.txt"
+    source.write_text("a b\nc\n", encoding="utf-8")
+    result = run("embed", tiny_model_dir, source, tmp_path / "out.h5", "--threads", 1)
+    assert result.exit_code == 0, result.output
+    assert "embedding: 100%" in result.stderr and "6.00/6.00" in result.stderr  # bytes, total = the file size
+    assert result.stderr.rstrip().endswith(f"2 sentences written to {tmp_path / 'out.h5'}")
+    assert result.stdout == ""
+
+
+def test_embed_reads_stdin_with_invalid_utf8_in_a_subprocess(tiny_model, tiny_model_dir, tmp_path):
+    data = b"caf\xe9 au lait\n\xf0\x9f\x98\x80\x00\n\n" + b"w " * 300
+    process = subprocess.run(
+        [sys.executable, "-m", "hf_elmo.cli", "embed", str(tiny_model_dir), "-", str(tmp_path / "out.npy"),
+         "--tokenized", "--layers", "top", "--threads", "1"],
+        input=data, capture_output=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert process.returncode == 0, process.stderr.decode(errors="replace")
+    assert b"4 sentences written to" in process.stderr and b"Traceback" not in process.stderr
+    lines = data.decode("utf-8", "surrogateescape").split("\n")
+    embedded = read_npy_output(tmp_path / "out.npy")
+    assert [len(vectors) for vectors in embedded] == [3, 1, 0, 300]
+    for line, vectors in zip(lines, embedded, strict=True):
+        np.testing.assert_allclose(vectors, direct_layers(tiny_model, line.split())[-1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "exit_code"),
+    [
+        (("embed", "{missing}", "{input}", "{out}.npy"), "model directory {missing} does not exist", 1),
+        (("info", "{missing}"), "model directory {missing} does not exist", 1),
+        (("export-hdf5", "{missing}", "{out}_"), "model directory {missing} does not exist", 1),
+        (("info", "{input}"), "is a file; expected a save_pretrained directory", 1),
+        (("embed", "{model}", "{input}", "{out}.txt"), "unknown format '.txt'; use .hdf5, .h5 or .npy", 2),
+        (("embed", "{model}", "{input}", "{out}"), "unknown format '(no suffix)'", 2),
+        (("embed", "{model}", "{input}", "{out}.npy", "--layers", "mix", "--weights", "1,2"),
+         "2 weights given; the model has 3 layers", 2),
+        (("embed", "{model}", "{input}", "{out}.npy", "--layers", "mix", "--weights", "1,x,2"),
+         "expected comma-separated numbers", 2),
+        (("embed", "{model}", "{input}", "{out}.npy", "--weights", "1,2,3"), "only with --layers mix", 2),
+        (("embed", "{model}", "{missing}", "{out}.npy"), "{missing} does not exist", 2),
+        (("embed", "{model}", "{input}", "{missing}/out.npy"), "output directory {missing} does not exist", 1),
+        (("embed", "{model}", "{input}", "{out}.npy", "--batch-tokens", "0"), "--batch-tokens", 2),
+    ],
+)
+def test_bad_arguments_fail_cleanly(tiny_model_dir, tmp_path, args, message, exit_code):
+    places = {"missing": tmp_path / "missing", "model": tiny_model_dir, "input": tmp_path / "in.txt"}
+    places["out"] = tmp_path / "out"
+    places["input"].write_text("a sentence\n", encoding="utf-8")
+    result = run(*(arg.format(**places) for arg in args))
+    assert_clean_failure(result, message.format(**places), exit_code)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_a_failing_command_prints_no_traceback_in_a_subprocess(tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "hf_elmo.cli", "embed", str(tmp_path / "missing"), "-", str(tmp_path / "out.npy")],
+        input=b"", capture_output=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert process.returncode == 1
+    assert process.stderr.decode() == f"Error: model directory {tmp_path / 'missing'} does not exist\n"
+    assert process.stdout == b""

@@ -1,0 +1,282 @@
+"""Tests of `hf_elmo.embed`: batching, input decoding, writers and `embed_file`.
+
+The fixtures `tiny_model_dir` and `allennlp_model_dir` are shared with test_cli.py (imported there).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tracemalloc
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from elmo_fixtures import ALLENNLP, require
+
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, split_words
+from hf_elmo.convert import convert
+from hf_elmo.embed import ElmoEmbedder, embed_file, length_batches, open_writer, read_lines
+
+FIXTURES = ALLENNLP
+TINY_CONFIG = dict(char_embedding_dim=4, filters=[[1, 4], [2, 8], [3, 16]], n_highway=1, lstm_dim=32, projection_dim=8)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The tiny models run much faster on one thread (per-step overhead dominates); restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A small random biLM (3 output layers of width 16) with its tokenizer, saved with save_pretrained."""
+    path = tmp_path_factory.mktemp("tiny-elmo")
+    torch.manual_seed(0)
+    ElmoModel(ElmoConfig(**TINY_CONFIG)).save_pretrained(path)
+    ElmoCharTokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def allennlp_model_dir(tmp_path_factory) -> Path:
+    """The tiny real model of AllenNLP's test fixtures, converted."""
+    options, weights = require(FIXTURES / "options.json"), require(FIXTURES / "lm_weights.hdf5")
+    return convert(options, weights, tmp_path_factory.mktemp("allennlp-elmo"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir) -> ElmoModel:
+    return ElmoModel.from_pretrained(tiny_model_dir).eval()
+
+
+def direct_layers(model: ElmoModel, words: list[str]) -> np.ndarray:
+    """(layers, words, width): the model called on one sentence, `<S>`/`</S>` cut off."""
+    encoded = ElmoCharTokenizer()([words], is_split_into_words=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden_states = model(**encoded).hidden_states
+    return torch.stack(hidden_states)[:, 0, 1:-1].numpy()
+
+
+# Sentences covering the defined edge cases: empty, a 10k-character word, control characters, emoji, CJK,
+# lone surrogates, `<S>` given as a word, and lengths that force several batches.
+EDGE_SENTENCES = [
+    ["The", "bank", "of", "the", "river", "."],
+    [],
+    ["x" * 10_000, "short"],
+    ["nul\x00byte", "\x01\x02\x1b", "tab\tinside"],
+    ["😀", "中文", "日本語", "e\u0301"],
+    ["\ud800", "lone\udcffsurrogate"],
+    ["<S>", "boundary", "</S>"],
+    [f"w{i}" for i in range(40)],
+    ["a"],
+]
+
+
+def test_length_batches_cover_every_sentence_once_within_the_budget():
+    lengths = [5, 0, 17, 3, 3, 9, 40, 1, 2, 8]
+    batches = length_batches(lengths, batch_tokens=24)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    for batch in batches:
+        width = max(lengths[i] for i in batch) + 2
+        assert len(batch) == 1 or len(batch) * width <= 24
+    # Longest first, so the padding inside a batch is small.
+    flat = [lengths[i] for batch in batches for i in batch]
+    assert flat == sorted(lengths, reverse=True)
+    assert [6] in batches  # the 40-word sentence exceeds the budget: a batch of its own
+
+
+def test_embedding_equals_the_model_called_directly_on_the_allennlp_model(allennlp_model_dir):
+    model = ElmoModel.from_pretrained(allennlp_model_dir).eval()
+    groups = json.loads((FIXTURES / "sentences.json").read_text(encoding="utf-8"))
+    sentences = [sentence.split() for group in groups for sentence in group]
+    embedder = ElmoEmbedder(model, batch_tokens=200, buffer_tokens=600)
+    embeddings = list(embedder.embed_sentences(sentences))
+    assert len(embeddings) == len(sentences)
+    for words, embedding in zip(sentences, embeddings):
+        assert embedding.shape == (3, len(words), 32)
+        np.testing.assert_allclose(embedding, direct_layers(model, words), atol=1e-5, rtol=0)
+
+
+def test_vectors_do_not_depend_on_the_batch_or_its_order(tiny_model):
+    # A small budget mixes the sentences into several length-sorted batches.
+    embedder = ElmoEmbedder(tiny_model, batch_tokens=30, buffer_tokens=60)
+    batched = list(embedder.embed_sentences(EDGE_SENTENCES))
+    for words, embedding in zip(EDGE_SENTENCES, batched):
+        assert embedding.shape == (3, len(words), 16)
+        np.testing.assert_allclose(embedding, embedder.embed_batch([words])[0], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(embedding, direct_layers(tiny_model, words), atol=1e-5, rtol=0)
+
+
+def test_layer_modes_select_and_mix_the_layers(tiny_model):
+    sentences = [["a", "few", "words"], [], ["one"]]
+    layers = [ElmoEmbedder(tiny_model).embed_batch([words])[0] for words in sentences]
+    s, gamma = [0.5, -1.0, 2.0], 1.7
+    weights = np.exp(s) / np.exp(s).sum()
+    expected = {
+        "top": [e[-1] for e in layers],
+        "average": [e.mean(axis=0) for e in layers],
+        "mix": [gamma * np.tensordot(weights, e, axes=1) for e in layers],
+    }
+    for mode, wanted in expected.items():
+        options = {"scalar_parameters": s, "gamma": gamma} if mode == "mix" else {}
+        embedder = ElmoEmbedder(tiny_model, layers=mode, **options)
+        assert embedder.token_shape == (16,)
+        for embedding, target in zip(embedder.embed_sentences(sentences), wanted):
+            assert embedding.shape == target.shape
+            np.testing.assert_allclose(embedding, target, atol=1e-6, rtol=0)
+    assert ElmoEmbedder(tiny_model).token_shape == (3, 16)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"layers": "first"}, {"layers": "top", "gamma": 2.0}, {"layers": "mix", "scalar_parameters": [1.0, 2.0]},
+     {"batch_tokens": 0}],
+)
+def test_invalid_embedder_options_raise(tiny_model, options):
+    with pytest.raises(ValueError):
+        ElmoEmbedder(tiny_model, **options)
+
+
+def test_a_10k_character_word_is_cut_to_48_bytes(tiny_model):
+    embedder = ElmoEmbedder(tiny_model)
+    long, cut = embedder.embed_batch([["y" * 10_000, "z"], ["y" * 48, "z"]])
+    np.testing.assert_array_equal(long, cut)
+
+
+def test_a_20k_word_sentence_is_embedded(tiny_model):
+    words = [f"w{i % 97}" for i in range(20_000)]
+    embedding = ElmoEmbedder(tiny_model, layers="top", batch_tokens=512).embed_batch([words])[0]
+    assert embedding.shape == (20_000, 16)
+    assert np.isfinite(embedding).all()
+    # The start is unaffected by the rest of the sentence in the forward direction.
+    head = ElmoEmbedder(tiny_model, layers="top").embed_batch([words[:10]])[0]
+    np.testing.assert_allclose(embedding[:10, :8], head[:, :8], atol=1e-5, rtol=0)
+
+
+def test_read_lines_splits_on_newline_only_and_never_fails_on_bad_utf8():
+    # BOM, CRLF, an empty line, other line breaks (VT, FS, NEL, U+2028), invalid UTF-8, no final newline.
+    data = b"\xef\xbb\xbffirst\r\n\nsecond\x0bstill\x1cthe\xc2\x85same \xe2\x80\xa8line\n\xff\xfe bad \xed\xa0\x80\nend"
+    sizes: list[int] = []
+    lines = list(read_lines(io.BytesIO(data), sizes.append))
+    assert lines == [
+        "first", "", "second\x0bstill\x1cthe\x85same \u2028line", "\udcff\udcfe bad \udced\udca0\udc80", "end"
+    ]
+    assert sum(sizes) == len(data)
+    assert lines[3].encode("utf-8", "surrogateescape") == b"\xff\xfe bad \xed\xa0\x80"
+    assert list(read_lines(io.BytesIO(b""))) == []
+    assert list(read_lines(io.BytesIO(b"\n"))) == [""]
+
+
+def write_lines(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_embed_file_to_npy_keeps_one_sentence_per_line(tiny_model, tmp_path):
+    emoji_cjk_and_a_bad_byte = b"nul\x00 \xf0\x9f\x98\x80 \xe4\xb8\xad\xe6\x96\x87 \xff"
+    lines = [b"Hello, world!", b"", b"   \t ", emoji_cjk_and_a_bad_byte, b"x" * 10_000, b"last one"]
+    data = b"\n".join(lines)
+    source = write_lines(tmp_path / "input.txt", data)
+    embedder = ElmoEmbedder(tiny_model, layers="all", batch_tokens=16, buffer_tokens=20)
+    assert embed_file(embedder, source, tmp_path / "out.npy", progress=False) == 6
+
+    vectors, offsets = np.load(tmp_path / "out.npy"), np.load(tmp_path / "out.offsets.npy")
+    sentences = [split_words(line.decode("utf-8", "surrogateescape")) for line in lines]
+    assert sentences[3] == ["nul", "\x00", "😀", "中", "文", "\udcff"]
+    assert offsets.dtype == np.int64
+    assert offsets.tolist() == np.cumsum([0] + [len(words) for words in sentences]).tolist()  # empty lines repeat
+    assert vectors.shape == (offsets[-1], 3, 16) and vectors.dtype == np.float32
+    for i, words in enumerate(sentences):
+        alone = embedder.embed_batch([words])[0]  # (layers, words, width); the file stores words first
+        np.testing.assert_allclose(vectors[offsets[i] : offsets[i + 1]], alone.transpose(1, 0, 2), atol=1e-5, rtol=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input.txt", "out.npy", "out.offsets.npy"]
+
+
+def test_embed_file_to_hdf5_uses_allennlps_layout(tiny_model, tmp_path):
+    source = write_lines(tmp_path / "input.txt", b"the  cat sat\n\n  \nthe  cat sat\n<S> x </S>\n")
+    embedder = ElmoEmbedder(tiny_model, layers="top")
+    assert embed_file(embedder, source, tmp_path / "out.hdf5", tokenized=True, progress=False) == 5
+    with h5py.File(tmp_path / "out.hdf5") as output:
+        assert sorted(output) == ["0", "1", "2", "3", "4", "sentence_to_index"]
+        assert json.loads(output["sentence_to_index"][0]) == {"the  cat sat": "3", "": "2", "<S> x </S>": "4"}
+        assert output["1"].shape == output["2"].shape == (0, 16)
+        np.testing.assert_array_equal(output["0"][()], output["3"][()])
+        np.testing.assert_allclose(output["0"][()], embedder.embed_batch([["the", "cat", "sat"]])[0], atol=1e-6)
+        assert output["4"].shape == (3, 16)
+    embed_file(ElmoEmbedder(tiny_model), source, tmp_path / "all.h5", progress=False, sentence_index=False)
+    with h5py.File(tmp_path / "all.h5") as output:
+        assert "sentence_to_index" not in output
+        assert output["0"].shape == (3, 3, 16) and output["1"].shape == (3, 0, 16)
+
+
+def test_empty_input_gives_empty_outputs(tiny_model, tmp_path):
+    source = write_lines(tmp_path / "empty.txt", b"")
+    assert embed_file(ElmoEmbedder(tiny_model, layers="mix"), source, tmp_path / "out.npy", progress=False) == 0
+    assert np.load(tmp_path / "out.npy").shape == (0, 16)
+    assert np.load(tmp_path / "out.offsets.npy").tolist() == [0]
+
+
+def test_a_failure_leaves_no_output_behind(tiny_model, tmp_path):
+    def sentences():
+        yield ["fine"]
+        raise RuntimeError("input broke")
+
+    for name in ("out.npy", "out.hdf5"):
+        with pytest.raises(RuntimeError, match="input broke"):
+            with open_writer(tmp_path / name, (3, 16)) as writer:
+                for embedding in ElmoEmbedder(tiny_model).embed_sentences(sentences()):
+                    writer.add(embedding, "fine")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="unknown output format"):
+        open_writer(tmp_path / "out.txt", (16,))
+
+
+def test_at_most_a_bounded_number_of_sentences_is_buffered(tiny_model):
+    read = 0
+
+    def sentences():
+        nonlocal read
+        for i in range(3_000):
+            read += 1
+            yield ["tok", str(i)]  # 4 positions each, boundaries included
+
+    embedder = ElmoEmbedder(tiny_model, layers="top", batch_tokens=200, buffer_tokens=400)
+    ahead = [read - written for written, _ in enumerate(embedder.embed_sentences(sentences()), start=1)]
+    assert len(ahead) == 3_000
+    # 400 / 4 = 100 sentences per chunk, plus the one read to find the chunk's end.
+    assert max(ahead) <= 100
+
+
+def test_memory_does_not_grow_with_the_input(tiny_model, tmp_path):
+    embedder = ElmoEmbedder(tiny_model, layers="top")
+
+    def peak_traced_memory(n_lines: int) -> int:
+        # A bounded vocabulary: the tokenizer's word cache (up to 65536 words) must not count as growth here.
+        text = b"".join(b"line %d of it .\n" % (i % 500) for i in range(n_lines))
+        source = write_lines(tmp_path / f"{n_lines}.txt", text)
+        tracemalloc.start()
+        try:
+            assert embed_file(embedder, source, tmp_path / f"{n_lines}.npy", progress=False) == n_lines
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small, large = peak_traced_memory(5_000), peak_traced_memory(20_000)
+    # The output of 20k lines alone is 20k * 5 words * 64 bytes = 6.4 MB; what is held stays that of one chunk.
+    assert large < 1.3 * small + 1_000_000, (small, large)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_embedding_on_cuda_matches_cpu(tiny_model_dir):
+    options = {"layers": "mix", "scalar_parameters": [0.5, -1.0, 2.0], "gamma": 1.5, "batch_tokens": 30}
+    cpu = ElmoEmbedder(ElmoModel.from_pretrained(tiny_model_dir), **options)
+    cuda = ElmoEmbedder(ElmoModel.from_pretrained(tiny_model_dir), device="cuda", **options)
+    for on_cpu, on_cuda in zip(cpu.embed_sentences(EDGE_SENTENCES), cuda.embed_sentences(EDGE_SENTENCES), strict=True):
+        # cuDNN may run the char CNN convolutions in TF32.
+        np.testing.assert_allclose(on_cuda, on_cpu, atol=2e-3, rtol=0)
