@@ -321,6 +321,9 @@ class ElmoPreTrainedModel(PreTrainedModel):
 class ElmoModel(ElmoPreTrainedModel):
     """The ELMo biLM: character ids in, `n_layers + 1` contextual layers out."""
 
+    # The encoder loads from an `ElmoForBidirectionalLM` checkpoint; its word softmax is not needed here.
+    _keys_to_ignore_on_load_unexpected = [r"^softmax\."]
+
     def __init__(self, config: ElmoConfig):
         super().__init__(config)
         self.char_cnn = ElmoCharCNN(config)
