@@ -1,23 +1,38 @@
-"""Inference throughput of the biLM presets with random weights on CPU.
+"""Inference speed of the biLM presets with random weights on CPU, side by side with AllenNLP 2.10.1.
 
     python benchmarks/bench_inference.py [--threads 2] [--presets small,medium,original]
+                                         [--allennlp-python /path/to/allennlp-venv/bin/python]
 
-Prints tokens/s (words, `<S>`/`</S>` not counted) for `--sentences` sentences of `--length` words in batches of
-`--batch-size`, median of `--repeats` timed passes after one warm-up pass, under `torch.inference_mode`.
+For each preset: tokens/s (words; `<S>`/`</S>` not counted) over `--sentences` sentences of `--length` words in
+batches of `--batch-size` (median of `--repeats` passes after a warm-up pass), and the latency of one 20-word
+sentence, under `torch.inference_mode`. With `--allennlp-python` (or `$ALLENNLP_PYTHON`), AllenNLP's `_ElmoBiLm`
+runs the same weights (exported with `export_hdf5`) on the same inputs in its own virtualenv (see
+benchmarks/README.md), and the table adds its figures, the ratios, and the max abs difference of all layers of the
+first batch (both from the zero state).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import random
 import statistics
 import string
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
+from transformers.utils import logging as hf_logging
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel
+from hf_elmo.convert import export_hdf5
+
+WORKER = Path(__file__).with_name("allennlp_worker.py")
 
 
 def random_sentences(n: int, length: int, seed: int = 0) -> list[list[str]]:
@@ -27,17 +42,26 @@ def random_sentences(n: int, length: int, seed: int = 0) -> list[list[str]]:
     return [[rng.choice(vocab) for _ in range(length)] for _ in range(n)]
 
 
-def tokens_per_second(model: ElmoModel, batches: list[dict], n_tokens: int, repeats: int) -> float:
-    with torch.inference_mode():
-        for batch in batches:  # warm-up
-            model(**batch)
-        timings = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for batch in batches:
-                model(**batch)
-            timings.append(time.perf_counter() - start)
-    return n_tokens / statistics.median(timings)
+def median_seconds(function, repeats: int) -> float:
+    function()  # warm-up
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        timings.append(time.perf_counter() - start)
+    return statistics.median(timings)
+
+
+def run_allennlp(python: str, model_dir: Path, batches: list[dict], single: dict, threads: int, repeats: int,
+                 work_dir: Path) -> tuple[dict, list[np.ndarray]]:
+    """AllenNLP's seconds per pass, single-sentence latency and first-batch layers, from its own virtualenv."""
+    export_hdf5(model_dir, f"{work_dir}{os.sep}")
+    without_boundaries = [b["input_ids"][:, 1:-1].numpy() for b in [*batches, single]]  # equal-length rows
+    np.savez(work_dir / "batches.npz", **{str(i): ids for i, ids in enumerate(without_boundaries[:-1])})
+    np.save(work_dir / "single.npy", without_boundaries[-1])
+    subprocess.run([python, str(WORKER), str(work_dir), str(threads), str(repeats)], check=True)
+    layers = np.load(work_dir / "layers.npz")
+    return json.loads((work_dir / "result.json").read_text()), [layers[f"arr_{i}"] for i in range(len(layers.files))]
 
 
 def main() -> None:
@@ -48,9 +72,10 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--allennlp-python", default=os.environ.get("ALLENNLP_PYTHON"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    hf_logging.disable_progress_bar()
 
     tokenizer = ElmoCharTokenizer()
     sentences = random_sentences(args.sentences, args.length)
@@ -59,15 +84,35 @@ def main() -> None:
                        return_tensors="pt"))
         for i in range(0, len(sentences), args.batch_size)
     ]
+    single = dict(tokenizer([random_sentences(1, 20, seed=1)[0]], is_split_into_words=True, return_tensors="pt"))
     n_tokens = args.sentences * args.length
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{args.threads} threads; {args.sentences} sentences x {args.length} words, batch {args.batch_size}")
-    print(f"{'preset':<10} {'parameters':>12} {'tokens/s':>10}")
+    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
+          f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words")
+    if not args.allennlp_python:
+        print("AllenNLP columns skipped: AllenNLP is not installed here (pass --allennlp-python; see "
+              "benchmarks/README.md)")
+
+    header = f"{'preset':<9} {'tokens/s':>9} {'latency ms':>10}"
+    if args.allennlp_python:
+        header += f" {'AllenNLP tok/s':>14} {'ratio':>6} {'AllenNLP ms':>11} {'ratio':>6} {'max |diff|':>10}"
+    print(header)
     for name in args.presets.split(","):
+        torch.manual_seed(0)
         model = ElmoModel(ElmoConfig.from_preset(name)).eval()
-        n_parameters = sum(p.numel() for p in model.parameters())
-        rate = tokens_per_second(model, batches, n_tokens, args.repeats)
-        print(f"{name:<10} {n_parameters:>12,} {rate:>10.0f}")
+        with torch.inference_mode():
+            seconds = median_seconds(lambda m=model: [m(**batch) for batch in batches], args.repeats)
+            latency = median_seconds(lambda m=model: m(**single), args.repeats * 4)
+            ours_first = [layer.numpy() for layer in model(**batches[0]).hidden_states]
+        row = f"{name:<9} {n_tokens / seconds:>9.0f} {latency * 1e3:>10.1f}"
+        if args.allennlp_python:
+            with tempfile.TemporaryDirectory() as folder:
+                model.save_pretrained(Path(folder) / "model")
+                theirs, their_layers = run_allennlp(args.allennlp_python, Path(folder) / "model", batches, single,
+                                                    args.threads, args.repeats, Path(folder))
+            difference = max(float(np.abs(a - b).max()) for a, b in zip(ours_first, their_layers))
+            row += (f" {n_tokens / theirs['seconds']:>14.0f} {theirs['seconds'] / seconds:>6.2f}"
+                    f" {theirs['latency'] * 1e3:>11.1f} {theirs['latency'] / latency:>6.2f} {difference:>10.2e}")
+        print(row, flush=True)
 
 
 if __name__ == "__main__":
