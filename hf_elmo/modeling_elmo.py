@@ -13,6 +13,7 @@ depend on the other rows of its batch. `final_state` + `initial_state` reproduce
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ FORGET_BIAS = 1.0
 CHAR_CNN_CHUNK = 1024
 # Time steps whose input projections are computed in one matmul (bounds memory on long sentences).
 LSTM_TIME_CHUNK = 128
+# Distinct words whose token representation is kept for inference (see `ElmoModel.set_token_cache_size`).
+TOKEN_CACHE_SIZE = 20_000
 
 # (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
 # direction 0 is the forward LM, 1 the backward LM.
@@ -109,23 +112,53 @@ class ElmoCharCNN(nn.Module):
             else nn.Identity()
         )
         self.output_dim = config.projection_dim
+        # Inference-only cache: a word's character ids (bytes) → its representation, least recently used first.
+        self.cache_size = TOKEN_CACHE_SIZE
+        self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._cache_state: tuple = ()
 
     def embed_words(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(words, chars) character ids → (words, projection_dim)"""
+        """(words, chars) character ids → (words, projection_dim), in chunks of `CHAR_CNN_CHUNK` words."""
+        if not len(char_ids):
+            return self.char_embedding.weight.new_zeros(0, self.output_dim)
+        return torch.cat([self._embed_chunk(chunk) for chunk in char_ids.split(CHAR_CNN_CHUNK)])
+
+    def _embed_chunk(self, char_ids: torch.Tensor) -> torch.Tensor:
         chars = self.char_embedding(char_ids).transpose(1, 2)  # (words, char_dim, chars)
         # Max-pool over positions, then the activation (the original order).
         pooled = [self.activation(conv(chars).amax(dim=-1)) for conv in self.convs]
         return self.projection(self.highway(torch.cat(pooled, dim=-1)))
 
+    def _embed_words_cached(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """`embed_words` through the cache; it is emptied whenever a weight, the device or the dtype changes."""
+        weight = self.char_embedding.weight
+        state = (weight.device, weight.dtype, tuple(p._version for p in self.parameters()))
+        if state != self._cache_state:
+            self._cache.clear()
+            self._cache_state = state
+        keys = [row.tobytes() for row in char_ids.cpu().numpy()]
+        missing = [i for i, key in enumerate(keys) if key not in self._cache]
+        for i, vector in zip(missing, self.embed_words(char_ids[missing])):
+            self._cache[keys[i]] = vector.clone()
+        for key in keys:
+            self._cache.move_to_end(key)
+        embedded = torch.stack([self._cache[key] for key in keys]) if keys else self.embed_words(char_ids)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return embedded
+
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim).
 
-        Each distinct word of the batch goes through the CNN once; padded positions are zeros.
+        Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
+        needed); padded positions are zeros.
         """
         words, inverse = torch.unique(input_ids[mask], dim=0, return_inverse=True)
-        embedded = torch.cat([self.embed_words(chunk) for chunk in words.split(CHAR_CNN_CHUNK)]) if len(words) else (
-            self.char_embedding.weight.new_zeros(0, self.output_dim)
-        )
+        needs_grad = torch.is_grad_enabled() and self.char_embedding.weight.requires_grad
+        if self.cache_size > 0 and not needs_grad:
+            embedded = self._embed_words_cached(words)
+        else:
+            embedded = self.embed_words(words)
         output = embedded.new_zeros(*input_ids.shape[:2], self.output_dim)
         return output.index_put((mask,), embedded[inverse])
 
@@ -332,6 +365,16 @@ class ElmoModel(ElmoPreTrainedModel):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.char_cnn.char_embedding
+
+    def set_token_cache_size(self, size: int) -> None:
+        """Keep the token representations of up to `size` most recently seen distinct words for inference (calls
+        without gradient through the char CNN), so frequent words skip the CNN; 0 turns the cache off. It is
+        emptied whenever a char-CNN weight, the device or the dtype changes. Default `TOKEN_CACHE_SIZE`."""
+        if size < 0:
+            raise ValueError(f"cache size must be >= 0, got {size}")
+        self.char_cnn.cache_size = size
+        if size == 0:
+            self.char_cnn._cache.clear()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.char_cnn.char_embedding = value

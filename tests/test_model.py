@@ -263,6 +263,7 @@ def test_chunked_computation_equals_unchunked(monkeypatch, model, tokenizer):
 
     long_sentence = [f"w{i % 97}" for i in range(300)]
     sentences = [long_sentence, SENTENCES[0]]
+    monkeypatch.setattr(model.char_cnn, "cache_size", 0)
     _, chunked = run(model, tokenizer, sentences)
     monkeypatch.setattr(modeling, "LSTM_TIME_CHUNK", 10_000)
     monkeypatch.setattr(modeling, "CHAR_CNN_CHUNK", 10_000)
@@ -273,3 +274,35 @@ def test_chunked_computation_equals_unchunked(monkeypatch, model, tokenizer):
     for a, b, c in zip(chunked.hidden_states, whole.hidden_states, small.hidden_states):
         assert (a - b).abs().max() <= 1e-5 and (a - c).abs().max() <= 1e-5
     assert chunked.hidden_states[-1][0, 301].abs().sum() > 0  # the last word (</S>) was computed
+
+
+def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenizer):
+    torch.manual_seed(0)
+    cached, uncached = ElmoModel(tiny_config()).eval(), ElmoModel(tiny_config()).eval()
+    uncached.load_state_dict(cached.state_dict())
+    uncached.set_token_cache_size(0)
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    distinct = len({w for s in SENTENCES for w in s}) + 2  # + <S>, </S>
+    with torch.no_grad():
+        expected = uncached(**encoded).hidden_states
+        for _ in range(2):  # filled by the first call, read by the second
+            for a, b in zip(cached(**encoded).hidden_states, expected):
+                assert (a - b).abs().max() <= 1e-6
+    assert len(cached.char_cnn._cache) == distinct and len(uncached.char_cnn._cache) == 0
+    # Smaller than one batch's vocabulary: still correct, and bounded.
+    cached.set_token_cache_size(5)
+    with torch.no_grad():
+        assert (cached(**encoded).last_hidden_state - expected[-1]).abs().max() <= 1e-6
+    assert len(cached.char_cnn._cache) == 5
+    # A weight changed in place empties the cache.
+    with torch.no_grad():
+        for model in (cached, uncached):
+            model.char_cnn.highway.layers[0].bias.add_(0.5)
+        torch.testing.assert_close(cached(**encoded).last_hidden_state, uncached(**encoded).last_hidden_state)
+    # Training never reads or fills it.
+    cached.set_token_cache_size(100)
+    cached.char_cnn._cache.clear()
+    cached(**encoded).last_hidden_state.sum().backward()
+    assert len(cached.char_cnn._cache) == 0 and cached.char_cnn.convs[0].weight.grad is not None
+    with pytest.raises(ValueError, match=">= 0"):
+        cached.set_token_cache_size(-1)
