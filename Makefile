@@ -14,7 +14,7 @@ venv:
 	$(BIN)/pip install --quiet -e ".[dev]"
 
 test: venv
-	$(BIN)/ruff check hf_elmo tests benchmarks
+	$(BIN)/ruff check hf_elmo spacy_elmo tests benchmarks
 	$(BIN)/python -m pytest
 
 bench: venv

@@ -117,6 +117,11 @@ class ElmoCharCNN(nn.Module):
         self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self._cache_state: tuple = ()
 
+    def __getstate__(self) -> dict:
+        """Pickles (e.g. for worker processes) leave the cache behind."""
+        state = super().__getstate__()
+        return {**state, "_cache": OrderedDict(), "_cache_state": ()}
+
     def embed_words(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(words, chars) character ids → (words, projection_dim), in chunks of `CHAR_CNN_CHUNK` words."""
         if not len(char_ids):
@@ -132,7 +137,8 @@ class ElmoCharCNN(nn.Module):
     def _embed_words_cached(self, char_ids: torch.Tensor) -> torch.Tensor:
         """`embed_words` through the cache; it is emptied whenever a weight, the device or the dtype changes."""
         weight = self.char_embedding.weight
-        state = (weight.device, weight.dtype, tuple(p._version for p in self.parameters()))
+        # In-place updates bump `_version`; optimizers that assign `.data` (e.g. Thinc's) change the pointer.
+        state = (weight.device, weight.dtype, tuple((p.data_ptr(), p._version) for p in self.parameters()))
         if state != self._cache_state:
             self._cache.clear()
             self._cache_state = state
@@ -374,7 +380,12 @@ class ElmoModel(ElmoPreTrainedModel):
             raise ValueError(f"cache size must be >= 0, got {size}")
         self.char_cnn.cache_size = size
         if size == 0:
-            self.char_cnn._cache.clear()
+            self.clear_token_cache()
+
+    def clear_token_cache(self) -> None:
+        """Empty the token cache. Needed only after changing char-CNN weights outside torch (e.g. through a
+        NumPy view of their memory), which neither their version counter nor their address shows."""
+        self.char_cnn._cache.clear()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.char_cnn.char_embedding = value

@@ -1,5 +1,7 @@
 """ElmoModel behaviour: determinism, padding, explicit state, validation, gradients, presets, save/load."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -299,6 +301,12 @@ def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenize
         for model in (cached, uncached):
             model.char_cnn.highway.layers[0].bias.add_(0.5)
         torch.testing.assert_close(cached(**encoded).last_hidden_state, uncached(**encoded).last_hidden_state)
+    # So does a weight replaced through `.data`, as some optimizers do.
+    with torch.no_grad():
+        for model in (cached, uncached):
+            model.char_cnn.projection.weight.data = model.char_cnn.projection.weight.data * 1.5
+        torch.testing.assert_close(cached(**encoded).last_hidden_state, uncached(**encoded).last_hidden_state)
+    assert len(pickle.loads(pickle.dumps(cached)).char_cnn._cache) == 0  # pickles leave the cache behind
     # Training never reads or fills it.
     cached.set_token_cache_size(100)
     cached.char_cnn._cache.clear()

@@ -1,0 +1,117 @@
+"""Registered architectures (`@architectures = "spacy-elmo.<Name>.v1"` in config.cfg). Versioned names never
+change meaning: a new behaviour is a new version."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spacy.tokens import Doc
+from spacy.util import SimpleFrozenDict, registry
+from thinc.api import Dropout, Linear, Model, chain, with_array
+from thinc.types import Floats2d, Floats3d
+
+from .layers import ElmoListener, build_bilm, scalar_mix, standalone_bilm
+from .layers.bilm import DEFAULT_MODEL_NAME
+
+NO_SETTINGS = SimpleFrozenDict()
+
+
+@registry.architectures("spacy-elmo.ElmoBiLM.v1")
+def elmo_bilm_v1(
+    get_spans: Callable,
+    name: str = DEFAULT_MODEL_NAME,
+    max_batch_tokens: int = 4096,
+    mixed_precision: bool = False,
+    grad_scaler_config: dict = NO_SETTINGS,
+) -> Model[list[Doc], list[Floats3d]]:
+    """The ELMo biLM: per Doc its layers (n_layers + 1, n_tokens, 2 * projection_dim), boundaries removed.
+
+    get_spans (Callable): the span getter, e.g. `spacy-elmo.sent_spans.v1` (one biLM row per span).
+    name (str): a directory written by `elmo convert` or a Hub id; read only when the biLM is first needed and
+        has no weights yet (never when a saved pipeline is loaded: its weights are in the pipeline directory).
+        Training configs give the weights in `[initialize.components.elmo.weights]` instead.
+    max_batch_tokens (int): padded positions (rows x longest row) per biLM call; bounds memory on any input.
+    mixed_precision (bool): run the biLM under CUDA autocast (no effect on CPU).
+    grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
+    """
+    return build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config))
+
+
+@registry.architectures("spacy-elmo.ScalarMix.v1")
+def scalar_mix_v1(
+    n_layers: int = 3,
+    trainable: bool = True,
+    layer_dropout: float = 0.0,
+    layer_norm: bool = False,
+    initial_scalars: list[float] | None = None,
+) -> Model[list[Floats3d], list[Floats2d]]:
+    """A task's mix of the biLM layers, `gamma * sum_j softmax(s)_j * h_j` (Peters et al. 2018, eq. 1).
+
+    n_layers (int): layers mixed, the biLM's n_layers + 1 (3 for every published model).
+    trainable (bool): learn `s` and `gamma`; false keeps them at their initial values.
+    layer_dropout (float): in training, drop each layer from the mix with this probability.
+    layer_norm (bool): normalise each layer (over a Doc's values) before mixing.
+    initial_scalars (list of float or None): initial `s`; null = zeros (a uniform average). `gamma` starts at 1.
+    """
+    return scalar_mix(n_layers, trainable, layer_dropout, layer_norm, initial_scalars)
+
+
+@registry.architectures("spacy-elmo.ElmoListener.v1")
+def elmo_listener_v1(
+    width: int,
+    mix: Model[list[Floats3d], list[Floats2d]],
+    upstream: str = "*",
+    grad_factor: float = 1.0,
+    dropout: float = 0.0,
+    project_to: int | None = None,
+) -> Model[list[Doc], list[Floats2d]]:
+    """Token vectors from the shared `elmo` component, mixed by this component's own ScalarMix: fits any
+    `tok2vec` slot, or the `embed` of `spacy.Tok2Vec.v2` (ELMo into a task biLSTM, as in the paper).
+
+    width (int): the biLM's layer width, 2 * projection_dim (1024 for the original ELMo).
+    mix (Model): the task's mix, e.g. `spacy-elmo.ScalarMix.v1`.
+    upstream (str): name of the `elmo` component to listen to; "*" = any.
+    grad_factor (float): scales the gradient sent to the biLM when it is fine-tuned (`freeze = false`).
+    dropout (float): dropout on the mixed vectors (0 = none); `spacy train` sets it to [training] dropout.
+    project_to (int or None): add a linear projection to this width.
+    """
+    listener = ElmoListener(upstream, width, mix.get_dim("nL"), grad_factor)
+    return _mixed(listener, mix, width, dropout, project_to)
+
+
+@registry.architectures("spacy-elmo.Tok2VecElmo.v1")
+def tok2vec_elmo_v1(
+    bilm: Model[list[Doc], list[Floats3d]],
+    mix: Model[list[Floats3d], list[Floats2d]],
+    width: int,
+    freeze: bool = True,
+    grad_factor: float = 1.0,
+    dropout: float = 0.0,
+    project_to: int | None = None,
+) -> Model[list[Doc], list[Floats2d]]:
+    """A standalone ELMo embedding: the component owns its copy of the biLM (no `elmo` component). This is what
+    `replace_listeners` turns an `ElmoListener.v1` into.
+
+    bilm (Model): `spacy-elmo.ElmoBiLM.v1`; its weights come from its `name` at initialize.
+    mix, width, grad_factor, dropout, project_to: as in `spacy-elmo.ElmoListener.v1`.
+    freeze (bool): keep the biLM fixed (no autograd graph); false fine-tunes it with this component.
+    """
+    return _mixed(standalone_bilm(bilm, freeze, grad_factor), mix, width, dropout, project_to)
+
+
+def _mixed(
+    layers: Model[list[Doc], list[Floats3d]], mix: Model, width: int, dropout: float, project_to: int | None
+) -> Model[list[Doc], list[Floats2d]]:
+    """layers >> mix [>> dropout] [>> projection]; the same structure for listeners and standalone models, so
+    `replace_listeners` gives a model that a config (and its saved weights) can rebuild."""
+    for dim in ("nI", "nO"):
+        if not mix.has_dim(dim):
+            mix.set_dim(dim, width)
+    steps: list[Model] = [layers, mix]
+    if dropout:
+        steps.append(Dropout(dropout))
+    if project_to:
+        steps.append(with_array(Linear(project_to, width)))
+    model = chain(*steps)
+    model.set_dim("nO", project_to or width, force=True)
+    return model

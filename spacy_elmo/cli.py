@@ -1,0 +1,100 @@
+"""Command line: `python -m spacy_elmo init-config|convert-conll2003|convert-sst5`, and `spacy init elmo-config`
+(registered through the `spacy_cli` entry point).
+
+    python -m spacy_elmo init-config ner config.cfg --model path/to/converted-elmo
+    python -m spacy_elmo convert-conll2003 ../shared/data/conll2003/iob2/train.txt corpus/train.spacy
+    python -m spacy train config.cfg --output out --paths.train corpus/train.spacy --paths.dev corpus/dev.spacy
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from spacy.cli._util import init_cli
+from spacy.vocab import Vocab
+from thinc.api import Config
+
+from .corpora import read_conll2003, read_sst5, write_docbin
+
+CONFIGS_DIR = Path(__file__).parent / "configs"
+TASKS = ("ner", "textcat")
+
+app = typer.Typer(
+    name="spacy_elmo", help="ELMo for spaCy: training configs and corpus converters.", no_args_is_help=True
+)
+Task = Annotated[str, typer.Argument(help="ner or textcat")]
+ConfigOutput = Annotated[Path, typer.Argument(help="config file to write", dir_okay=False)]
+ModelOption = Annotated[
+    str | None, typer.Option("--model", "-m", help="converted biLM (directory or Hub id) to train with")
+]
+DocBinOutput = Annotated[Path, typer.Argument(help=".spacy file to write", dir_okay=False)]
+Limit = Annotated[int | None, typer.Option("--limit", help="write only the first N Docs")]
+
+
+def base_config_path(task: str) -> Path:
+    """The shipped config of `task` ("ner" or "textcat")."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    return CONFIGS_DIR / f"{task}.cfg"
+
+
+def make_config(task: str, model: str | None = None) -> Config:
+    """The shipped config of `task`; with `model` (a converted biLM directory or Hub id), its path and the
+    layer width and count of that biLM (read from its config.json only)."""
+    config = Config().from_disk(base_config_path(task), interpolate=False)
+    if model:
+        from hf_elmo import ElmoConfig
+
+        elmo_config = ElmoConfig.from_pretrained(model)
+        config["paths"]["elmo_model"] = str(model)
+        config["elmo"]["width"] = elmo_config.output_dim
+        config["elmo"]["n_layers"] = elmo_config.num_output_layers
+    return config
+
+
+def write_config(task: str, output: Path, model: str | None = None) -> Path:
+    """Write the config of `task` (see `make_config`) to `output`."""
+    config = make_config(task, model)
+    header = f"# Written by `python -m spacy_elmo init-config {task}`; commented original: {base_config_path(task)}\n"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(header + config.to_str(), encoding="utf-8")
+    return output
+
+
+@app.command("init-config")
+def init_config_command(task: Task, output: ConfigOutput, model: ModelOption = None) -> None:
+    """Write a training config for an ELMo NER or text classification pipeline."""
+    if task not in TASKS:
+        raise typer.BadParameter(f"choose one of {', '.join(TASKS)}", param_hint="TASK")
+    typer.echo(f"wrote {write_config(task, output, model)}")
+
+
+@init_cli.command("elmo-config")
+def spacy_init_elmo_config(task: Task, output: ConfigOutput, model: ModelOption = None) -> None:
+    """Write a training config for an ELMo NER or text classification pipeline (spacy-elmo)."""
+    init_config_command(task, output, model)
+
+
+@app.command("convert-conll2003")
+def convert_conll2003_command(
+    input_path: Annotated[Path, typer.Argument(help="CoNLL-2003 file (eng.train, iob2/train.txt)", exists=True)],
+    output: DocBinOutput,
+    n_sents: Annotated[int, typer.Option("--n-sents", "-n", help="sentences per Doc")] = 10,
+    limit: Limit = None,
+) -> None:
+    """Convert CoNLL-2003 NER data to a .spacy file."""
+    count = write_docbin(read_conll2003(input_path, Vocab(), n_sents), output, limit)
+    typer.echo(f"wrote {count} docs to {output}")
+
+
+@app.command("convert-sst5")
+def convert_sst5_command(
+    input_path: Annotated[Path, typer.Argument(help="SST-5 TSV file (label<TAB>sentence)", exists=True)],
+    output: DocBinOutput,
+    limit: Limit = None,
+) -> None:
+    """Convert SST-5 sentences to a .spacy file with exclusive `cats`."""
+    count = write_docbin(read_sst5(input_path, Vocab()), output, limit)
+    typer.echo(f"wrote {count} docs to {output}")

@@ -1,0 +1,99 @@
+"""Converters from the benchmark files to spaCy Docs (`.spacy` files for `spacy train`).
+
+* CoNLL-2003 (`eng.train` IOB1 or `iob2/train.txt` IOB2; columns `token POS chunk NER`): one Doc per
+  `n_sents` sentences, never across a `-DOCSTART-` line; gold tokens, sentence starts, POS tags and entities.
+* SST-5 (`train.tsv`: `label<TAB>tokenized sentence`, labels 0-4): one Doc per sentence with exclusive `cats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+
+from spacy.tokens import Doc, DocBin
+from spacy.training.iob_utils import biluo_tags_to_spans, iob_to_biluo
+from spacy.vocab import Vocab
+
+SST5_LABELS = ("very_negative", "negative", "neutral", "positive", "very_positive")
+
+
+def read_conll2003(path: str | Path, vocab: Vocab, n_sents: int = 10) -> Iterator[Doc]:
+    """Docs of up to `n_sents` sentences from a CoNLL-2003 NER file (IOB1 or IOB2 tags)."""
+    if n_sents < 1:
+        raise ValueError(f"n_sents must be >= 1, got {n_sents}")
+    group: list[list[list[str]]] = []
+    for sentence in _conll_sentences(path):
+        if sentence is None or len(group) == n_sents:
+            if group:
+                yield _conll_doc(vocab, group)
+            group = []
+        if sentence is not None:
+            group.append(sentence)
+    if group:
+        yield _conll_doc(vocab, group)
+
+
+def _conll_sentences(path: str | Path) -> Iterator[list[list[str]] | None]:
+    """Sentences as lists of rows (columns); None at every `-DOCSTART-` (a document boundary)."""
+    sentence: list[list[str]] = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            columns = line.split()
+            if columns and columns[0] == "-DOCSTART-":
+                if sentence:
+                    yield sentence
+                sentence = []
+                yield None
+            elif not columns:
+                if sentence:
+                    yield sentence
+                sentence = []
+            elif len(columns) < 2:
+                raise ValueError(f"{path}:{number}: expected 'token ... NER' columns, got {line!r}")
+            else:
+                sentence.append(columns)
+    if sentence:
+        yield sentence
+
+
+def _conll_doc(vocab: Vocab, sentences: list[list[list[str]]]) -> Doc:
+    rows = [row for sentence in sentences for row in sentence]
+    sent_starts = [i == 0 for sentence in sentences for i in range(len(sentence))]
+    tags = [row[1] if len(row) > 2 else "" for row in rows]
+    words = [row[0] for row in rows]
+    doc = Doc(vocab, words=words, spaces=_spaces(words), sent_starts=sent_starts, tags=tags if all(tags) else None)
+    # Per sentence: IOB1 "I-X" after "O" starts an entity; iob_to_biluo reads IOB1 and IOB2 alike.
+    biluo = [tag for sentence in sentences for tag in iob_to_biluo([row[-1] for row in sentence])]
+    doc.ents = biluo_tags_to_spans(doc, biluo)
+    return doc
+
+
+def read_sst5(path: str | Path, vocab: Vocab) -> Iterator[Doc]:
+    """One Doc per line of an SST-5 TSV file (`label<TAB>sentence`), gold tokens, one-hot `cats`."""
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            label, _, text = line.rstrip("\n").partition("\t")
+            if label not in {"0", "1", "2", "3", "4"} or not text:
+                raise ValueError(f"{path}:{number}: expected 'label<TAB>sentence' with a label 0-4, got {line!r}")
+            words = text.split()
+            doc = Doc(vocab, words=words, spaces=_spaces(words))
+            doc.cats = {name: float(i == int(label)) for i, name in enumerate(SST5_LABELS)}
+            yield doc
+
+
+def _spaces(words: list[str]) -> list[bool]:
+    """A space after every word but the last (the text is the words joined by single spaces)."""
+    return [True] * (len(words) - 1) + [False] if words else []
+
+
+def write_docbin(docs: Iterable[Doc], output: str | Path, limit: int | None = None) -> int:
+    """Write (the first `limit` of) `docs` to a `.spacy` file; returns the number written."""
+    docbin = DocBin(store_user_data=False)
+    for doc in islice(docs, limit):
+        docbin.add(doc)
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    docbin.to_disk(output)
+    return len(docbin)

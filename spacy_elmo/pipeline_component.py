@@ -1,0 +1,250 @@
+"""The `elmo` pipeline component: runs the biLM, stores the layers on each Doc, feeds the listeners."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from itertools import islice
+from typing import Any
+
+import numpy as np
+from spacy.language import Language
+from spacy.pipeline import TrainablePipe
+from spacy.tokens import Doc
+from spacy.training import Example, validate_examples, validate_get_examples
+from spacy.vocab import Vocab
+from thinc.api import Config, Model, Optimizer
+from thinc.types import Floats3d
+
+from .layers import ElmoListener, replace_listener, replace_listener_cfg, set_bilm_weights
+from .layers.bilm import DEFAULT_MODEL_NAME, bilm_weights
+from .layers.listener import empty_backprop
+from .vectors import mixed_layers, register_extensions, restore_hooks
+
+DEFAULT_CONFIG_STR = f"""
+[model]
+@architectures = "spacy-elmo.ElmoBiLM.v1"
+name = "{DEFAULT_MODEL_NAME}"
+max_batch_tokens = 4096
+mixed_precision = false
+grad_scaler_config = {{}}
+
+[model.get_spans]
+@misc = "spacy-elmo.sent_spans.v1"
+max_length = 200
+"""
+DEFAULT_CONFIG = Config().from_str(DEFAULT_CONFIG_STR)
+STORE_DTYPES = ("float32", "float16")
+
+register_extensions()
+
+
+@Language.factory(
+    "elmo",
+    assigns=["doc._.elmo_layers", "doc._.elmo_mix"],
+    default_config={
+        "model": DEFAULT_CONFIG["model"],
+        "freeze": True,
+        "store_dtype": "float32",
+        "default_mix": [],
+        "vector_hooks": True,
+        "set_doc_tensor": False,
+    },
+)
+def make_elmo(
+    nlp: Language,
+    name: str,
+    model: Model[list[Doc], list[Floats3d]],
+    freeze: bool,
+    store_dtype: str,
+    default_mix: list[float],
+    vector_hooks: bool,
+    set_doc_tensor: bool,
+) -> Elmo:
+    """ELMo layers for every Doc (`doc._.elmo_layers`), shared with downstream components through listeners.
+
+    model (Model): the biLM, `spacy-elmo.ElmoBiLM.v1`.
+    freeze (bool): keep the biLM fixed in training (no autograd graph, no update); false fine-tunes it.
+    store_dtype (str): "float32" or "float16" (half the memory) for `doc._.elmo_layers`.
+    default_mix (list of float): layer weights of `token._.elmo_vector` and the vector hooks, used as given
+        (e.g. [0, 0, 1] = top layer); [] = the uniform average. Task components learn their own mixes.
+    vector_hooks (bool): make `.vector` and `.similarity` of Docs, spans and tokens use ELMo.
+    set_doc_tensor (bool): also set `doc.tensor` to the default mix. Off by default: a later component that
+        listens to a `tok2vec` reads `doc.tensor` and would get ELMo vectors of the wrong width.
+    """
+    return Elmo(
+        nlp.vocab, model, name, freeze=freeze, store_dtype=store_dtype, default_mix=default_mix,
+        vector_hooks=vector_hooks, set_doc_tensor=set_doc_tensor,
+    )
+
+
+class Elmo(TrainablePipe):
+    """Runs the biLM on sentence spans (or windows) in length-sorted, token-bounded batches.
+
+    Pretrained weights enter at `initialize` (`weights` loader, else the model's `name`) or, outside training,
+    from `name` on first use; afterwards they are part of the pipeline and saved with it.
+    """
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        model: Model[list[Doc], list[Floats3d]],
+        name: str = "elmo",
+        *,
+        freeze: bool = True,
+        store_dtype: str = "float32",
+        default_mix: Sequence[float] = (),
+        vector_hooks: bool = True,
+        set_doc_tensor: bool = False,
+    ) -> None:
+        if store_dtype not in STORE_DTYPES:
+            raise ValueError(f"store_dtype must be one of {STORE_DTYPES}, got {store_dtype!r}")
+        self.vocab = vocab
+        self.model = model
+        self.name = name
+        self.freeze = freeze
+        self.store_dtype = store_dtype
+        self.default_mix = list(default_mix)
+        self.vector_hooks = vector_hooks
+        self.set_doc_tensor = set_doc_tensor
+        self.listener_map: dict[str, list[ElmoListener]] = {}
+        self.cfg: dict[str, Any] = {}
+        # How Language.replace_listeners turns a listener into a standalone copy of this biLM (and its config).
+        model.attrs["replace_listener"] = replace_listener
+        model.attrs["replace_listener_cfg"] = partial(replace_listener_cfg, freeze=freeze)
+
+    # -- listeners (spaCy's ListenedToComponent protocol) --------------------------------------------------
+    @property
+    def listeners(self) -> list[ElmoListener]:
+        return [listener for name in self.listening_components for listener in self.listener_map[name]]
+
+    @property
+    def listening_components(self) -> list[str]:
+        return list(self.listener_map)
+
+    def add_listener(self, listener: ElmoListener, component_name: str) -> None:
+        listeners = self.listener_map.setdefault(component_name, [])
+        if listener not in listeners:
+            listeners.append(listener)
+
+    def remove_listener(self, listener: ElmoListener, component_name: str) -> bool:
+        listeners = self.listener_map.get(component_name, [])
+        if listener not in listeners:
+            return False
+        listeners.remove(listener)
+        if not listeners:
+            del self.listener_map[component_name]
+        return True
+
+    def find_listeners(self, component: Any) -> None:
+        """Register the ELMo listeners in `component`'s model whose upstream is "*" or this component."""
+        if isinstance(getattr(component, "model", None), Model):
+            for node in component.model.walk():
+                if isinstance(node, ElmoListener) and node.upstream_name in ("*", self.name):
+                    self.add_listener(node, component.name)
+
+    # -- prediction ---------------------------------------------------------------------------------------
+    def predict(self, docs: Iterable[Doc]) -> list[Floats3d]:
+        """Per Doc its layers (n_layers + 1, n_tokens, width)."""
+        return self.model.predict(list(docs))
+
+    def set_annotations(self, docs: Sequence[Doc], layers: list[Floats3d]) -> None:
+        """Store each Doc's layers on the host, the default mix, and (as configured) hooks and `doc.tensor`."""
+        mix = self.default_mix_weights(self.model.get_dim("nL"))
+        for doc, doc_layers in zip(docs, layers):
+            array = self.model.ops.to_numpy(doc_layers).astype(self.store_dtype, copy=False)
+            doc._.elmo_layers = array
+            doc._.elmo_mix = mix
+            if self.vector_hooks:
+                restore_hooks(doc)
+            if self.set_doc_tensor:
+                doc.tensor = mixed_layers(array, mix)
+
+    def default_mix_weights(self, n_layers: int) -> np.ndarray:
+        """The fixed weights of `token._.elmo_vector`: `default_mix`, or the uniform average."""
+        if not self.default_mix:
+            return np.full(n_layers, 1.0 / n_layers, dtype="float32")
+        if len(self.default_mix) != n_layers:
+            raise ValueError(f"default_mix has {len(self.default_mix)} weights but the biLM has {n_layers} layers")
+        return np.asarray(self.default_mix, dtype="float32")
+
+    # -- training -----------------------------------------------------------------------------------------
+    def update(
+        self,
+        examples: Iterable[Example],
+        *,
+        drop: float = 0.0,
+        sgd: Optimizer | None = None,
+        losses: dict[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Run the biLM once on the batch and send the layers to every listener. Frozen: no autograd graph and
+        no update; else the listeners' gradients are summed and backpropagated into the biLM."""
+        losses = {} if losses is None else losses
+        validate_examples(examples, "Elmo.update")
+        losses.setdefault(self.name, 0.0)
+        if not self.listeners:
+            return losses
+        docs = [eg.predicted for eg in examples]
+        batch_id = ElmoListener.get_batch_id(docs)
+        if self.freeze:
+            outputs = self.model.predict(docs)
+            for listener in self.listeners:
+                listener.receive(batch_id, outputs, empty_backprop)
+            return losses
+        outputs, backprop_bilm = self.model.begin_update(docs)
+        d_outputs = [self.model.ops.alloc3f(*output.shape) for output in outputs]
+
+        def accumulate_gradient(one_d_outputs: list[Floats3d]) -> list:
+            """Sum a listener's gradient in (all listeners but the last)."""
+            for total, d in zip(d_outputs, one_d_outputs):
+                total += d
+                losses[self.name] += float((d**2).sum())
+            return []
+
+        def backprop(one_d_outputs: list[Floats3d]) -> list:
+            """The last listener's gradient: backpropagate the sum into the biLM."""
+            accumulate_gradient(one_d_outputs)
+            backprop_bilm(d_outputs)
+            if sgd is not None:
+                self.finish_update(sgd)
+            return []
+
+        for listener in self.listeners[:-1]:
+            listener.receive(batch_id, outputs, accumulate_gradient)
+        self.listeners[-1].receive(batch_id, outputs, backprop)
+        return losses
+
+    def finish_update(self, sgd: Optimizer) -> None:
+        if not self.freeze:
+            self.model.finish_update(sgd)
+
+    def get_loss(self, examples: Iterable[Example], scores: Any) -> None:
+        """The component has no loss of its own: its gradients come from the listeners."""
+
+    def add_label(self, label: str) -> int:
+        raise NotImplementedError("the elmo component has no labels")
+
+    def initialize(
+        self,
+        get_examples: Callable[[], Iterable[Example]],
+        *,
+        nlp: Language | None = None,
+        weights: Callable[[], Any] | None = None,
+    ) -> None:
+        """Load the pretrained biLM: from `weights` (`[initialize.components.elmo.weights]`, e.g.
+        `spacy-elmo.PretrainedWeights.v1`), else from the model's `name`; raise if neither is given and the
+        pipeline has no biLM yet. Then check that every listener matches the biLM's layers."""
+        validate_get_examples(get_examples, "Elmo.initialize")
+        if weights is not None:
+            set_bilm_weights(self.model, weights())
+        bilm_weights(self.model, self.name)
+        self.model.initialize(X=[eg.predicted for eg in islice(get_examples(), 10)])
+        n_layers, width = self.model.get_dim("nL"), self.model.get_dim("nO")
+        for component, listeners in self.listener_map.items():
+            for listener in listeners:
+                if (listener.get_dim("nL"), listener.get_dim("nO")) != (n_layers, width):
+                    raise ValueError(
+                        f"The ELMo listener of '{component}' expects {listener.get_dim('nL')} layers of width "
+                        f"{listener.get_dim('nO')} but the biLM of '{self.name}' gives {n_layers} of width {width}: "
+                        f"set the listener's `width = {width}` and its mix's `n_layers = {n_layers}`."
+                    )

@@ -1,0 +1,63 @@
+"""Registered span getters: which stretches of a Doc the biLM reads as one sequence.
+
+A span getter maps a batch of Docs to one list of Spans per Doc. Spans longer than `max_length` tokens are cut
+into consecutive windows, so no biLM row is longer than `max_length` (bounded memory on any document).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
+
+from spacy.tokens import Doc, Span
+from spacy.util import registry
+
+SpanGetter = Callable[[list[Doc]], list[list[Span]]]
+
+
+def _windows(doc: Doc, start: int, end: int, max_length: int) -> Iterable[Span]:
+    for window_start in range(start, end, max_length):
+        yield doc[window_start : min(window_start + max_length, end)]
+
+
+def sent_spans(docs: Iterable[Doc], max_length: int = 200) -> list[list[Span]]:
+    """Sentences when the Doc has sentence boundaries, else windows of `max_length` tokens."""
+    result = []
+    for doc in docs:
+        if doc.has_annotation("SENT_START"):
+            bounds = [(sent.start, sent.end) for sent in doc.sents]
+        else:
+            bounds = [(0, len(doc))]
+        result.append([window for start, end in bounds for window in _windows(doc, start, end, max_length)])
+    return result
+
+
+def doc_spans(docs: Iterable[Doc], max_length: int = 512) -> list[list[Span]]:
+    """The whole Doc as one sequence (e.g. a short review), cut into windows of `max_length` tokens."""
+    return [list(_windows(doc, 0, len(doc), max_length)) for doc in docs]
+
+
+def _check_max_length(max_length: int) -> None:
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+
+
+@registry.misc("spacy-elmo.sent_spans.v1")
+def configure_sent_spans(max_length: int = 200) -> SpanGetter:
+    """Sentences (from a parser, senter or sentencizer earlier in the pipeline), or windows of `max_length`
+    tokens when the Doc has no sentence boundaries; a sentence longer than `max_length` is cut into windows.
+
+    max_length (int): the longest sequence the biLM reads.
+    """
+    _check_max_length(max_length)
+    return partial(sent_spans, max_length=max_length)
+
+
+@registry.misc("spacy-elmo.doc_spans.v1")
+def configure_doc_spans(max_length: int = 512) -> SpanGetter:
+    """The whole Doc as one sequence, ignoring sentence boundaries; longer Docs are cut into windows.
+
+    max_length (int): the longest sequence the biLM reads.
+    """
+    _check_max_length(max_length)
+    return partial(doc_spans, max_length=max_length)

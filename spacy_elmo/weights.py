@@ -1,0 +1,78 @@
+"""Registered weight loaders for `[initialize.components.elmo] weights`: the only way pretrained weights enter a
+pipeline at training time. Each returns a callable that builds the biLM when `initialize` runs, so resolving a
+config (`spacy debug config`, `spacy.load`) never reads the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from spacy.util import SimpleFrozenDict, registry
+
+from hf_elmo import ElmoConfig, ElmoModel
+
+WeightsLoader = Callable[[], ElmoModel]
+NO_SETTINGS = SimpleFrozenDict()
+
+
+def load_pretrained(name: str | Path | None, revision: str | None = None) -> ElmoModel:
+    """A converted biLM from a local `save_pretrained` directory (e.g. written by `elmo convert`) or a Hub id."""
+    if not name:
+        raise ValueError(
+            "spacy-elmo.PretrainedWeights.v1 has no `name`: give the biLM's directory or Hub id, e.g. "
+            "`--paths.elmo_model path/to/converted-elmo` with the shipped configs."
+        )
+    return ElmoModel.from_pretrained(str(name), revision=revision).eval()
+
+
+def load_allennlp(options_file: str | Path, weight_file: str | Path) -> ElmoModel:
+    """A biLM from the original `options.json` + `weights.hdf5` (needs h5py)."""
+    from hf_elmo.convert import load_legacy
+
+    return load_legacy(options_file, weight_file)
+
+
+def random_bilm(preset: str | None = "small", config: dict[str, Any] | None = None, seed: int = 0) -> ElmoModel:
+    """A randomly initialised biLM: a preset's architecture with `config` overrides, or `config` alone."""
+    settings = dict(config or {})
+    elmo_config = ElmoConfig.from_preset(preset, **settings) if preset else ElmoConfig(**settings)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ElmoModel(elmo_config).eval()
+
+
+@registry.misc("spacy-elmo.PretrainedWeights.v1")
+def configure_pretrained_weights(name: str | None, revision: str | None = None) -> WeightsLoader:
+    """Weights of a converted biLM.
+
+    name (str): a local directory written by `elmo convert` / `save_pretrained`, or a Hugging Face Hub id.
+    revision (str or None): a Hub branch, tag or commit.
+    """
+    return partial(load_pretrained, name, revision)
+
+
+@registry.misc("spacy-elmo.AllenNLPWeights.v1")
+def configure_allennlp_weights(options_file: str, weight_file: str) -> WeightsLoader:
+    """Weights of an original AllenNLP / bilm-tf biLM, converted when `initialize` runs (needs h5py).
+
+    options_file (str): the `options.json`.
+    weight_file (str): the `weights.hdf5`.
+    """
+    return partial(load_allennlp, options_file, weight_file)
+
+
+@registry.misc("spacy-elmo.RandomWeights.v1")
+def configure_random_weights(
+    preset: str | None = "small", config: dict[str, Any] = NO_SETTINGS, seed: int = 0
+) -> WeightsLoader:
+    """A randomly initialised biLM: for tests and benchmarks, never for real use.
+
+    preset (str or None): "original", "medium" or "small", or null to give the whole architecture in `config`.
+    config (dict): `ElmoConfig` fields overriding the preset.
+    seed (int): the random seed of the initialisation.
+    """
+    return partial(random_bilm, preset, dict(config), seed)

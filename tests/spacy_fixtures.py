@@ -1,0 +1,58 @@
+"""Shared pieces of the spaCy plugin tests: the tiny AllenNLP fixture biLM (converted in the test) and data slices
+read in place from ../shared/data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import spacy
+import torch
+from elmo_fixtures import ALLENNLP, require
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+# The fixture biLM: 2 LSTM layers (3 ELMo layers) of width 2 x 16.
+WIDTH, N_LAYERS = 32, 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded_torch():
+    """The tiny fixture biLM runs thousands of tiny ops: one thread is fastest, and immune to the stalls of a
+    busy CPU (import this fixture into a test module to use it there)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def convert_fixture(directory: Path) -> Path:
+    """The AllenNLP fixture biLM as an `elmo convert` directory."""
+    from hf_elmo.convert import convert
+
+    return convert(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"), directory)
+
+
+def elmo_pipeline(model_dir: Path, *, sentencizer: bool = False, **settings) -> spacy.Language:
+    """A blank English pipeline with the `elmo` component reading `model_dir`; `settings` go into its config
+    (a `model` dict is merged into the model's config)."""
+    nlp = spacy.blank("en")
+    if sentencizer:
+        nlp.add_pipe("sentencizer")
+    model = {"name": str(model_dir), **settings.pop("model", {})}
+    nlp.add_pipe("elmo", config={"model": model, **settings})
+    return nlp
+
+
+def run_python(script: str | Path, *args: object, timeout: float = 300) -> str:
+    """Run `script` (code, or a file) in a fresh interpreter (cwd = repo root); fail with its output if it fails."""
+    command = [script] if isinstance(script, Path) else ["-c", script]
+    result = subprocess.run(
+        [sys.executable, *command, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout

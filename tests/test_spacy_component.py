@@ -1,0 +1,236 @@
+"""The `elmo` component: per-Doc layers, vectors and hooks, batching, odd inputs, serialization, multiprocessing."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import spacy
+import torch
+from spacy.tokens import Doc, DocBin
+from spacy_fixtures import (
+    N_LAYERS,
+    WIDTH,
+    convert_fixture,
+    elmo_pipeline,
+    run_python,
+    single_threaded_torch,  # noqa: F401 (autouse)
+)
+
+from hf_elmo import ElmoCharTokenizer, ElmoModel, remove_sentence_boundaries
+from spacy_elmo import restore_hooks
+
+TEXT = "The bank raised rates. We sat on the river bank."
+
+
+@pytest.fixture(scope="module")
+def elmo_dir(tmp_path_factory):
+    return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
+
+
+@pytest.fixture(scope="module")
+def nlp(elmo_dir):
+    return elmo_pipeline(elmo_dir)
+
+
+def reference_layers(elmo_dir, words: list[str]) -> np.ndarray:
+    """The biLM run directly on one sentence: (layers, words, width), boundaries removed."""
+    model = ElmoModel.from_pretrained(elmo_dir).eval()
+    batch = ElmoCharTokenizer.from_pretrained(elmo_dir)([words], is_split_into_words=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).hidden_states
+    return np.stack([remove_sentence_boundaries(h, batch["attention_mask"])[0][0].numpy() for h in hidden])
+
+
+def test_doc_layers_are_the_bilm_layers_without_boundaries(nlp, elmo_dir):
+    words = "The bank raised rates .".split()
+    doc = nlp(Doc(nlp.vocab, words=words))
+    assert isinstance(doc._.elmo_layers, np.ndarray) and doc._.elmo_layers.dtype == np.float32
+    assert doc._.elmo_layers.shape == (N_LAYERS, len(words), WIDTH)
+    np.testing.assert_allclose(doc._.elmo_layers, reference_layers(elmo_dir, words), atol=1e-6)
+
+
+def test_add_pipe_without_a_model_says_which_config_key_to_set():
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo")
+    with pytest.raises(ValueError, match=r'"model": \{"name"'):
+        nlp("No weights yet.")
+    with pytest.raises(ValueError, match=r"initialize\.components\.elmo\.weights"):
+        nlp.initialize()
+
+
+def test_works_straight_after_add_pipe_and_after_initialize(elmo_dir):
+    nlp = elmo_pipeline(elmo_dir)
+    before = nlp(TEXT)._.elmo_layers
+    nlp.initialize()
+    np.testing.assert_array_equal(nlp(TEXT)._.elmo_layers, before)
+
+
+def test_whitespace_tokens_get_zero_rows_and_leave_the_context_alone(nlp):
+    spaced = nlp("The  bank\n\nraised rates .")
+    plain = nlp("The bank raised rates .")
+    spaces = [token.i for token in spaced if token.is_space]
+    assert spaces == [1, 3]
+    assert not spaced._.elmo_layers[:, spaces].any()
+    words = [token.i for token in spaced if not token.is_space]
+    np.testing.assert_allclose(spaced._.elmo_layers[:, words], plain._.elmo_layers, atol=1e-6)
+    assert not spaced[1].has_vector and spaced[0].has_vector
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\n\t  "])
+def test_empty_and_whitespace_only_docs(nlp, text):
+    doc = nlp(text)
+    assert doc._.elmo_layers.shape == (N_LAYERS, len(doc), WIDTH)
+    assert not doc._.elmo_layers.any()
+    assert doc.vector.shape == (WIDTH,) and not doc.vector.any() and not doc.has_vector
+
+
+def test_odd_unicode_and_huge_tokens(nlp):
+    # (spaCy itself cannot hold lone surrogates, so they never reach the component.)
+    words = ["😀👍🏽", "日本語", "e\u0301", "\x00", "<S>", "</S>", "x" * 10_000, "naïve", "\u200b", "\u202e"]
+    doc = nlp(Doc(nlp.vocab, words=words))
+    assert doc._.elmo_layers.shape == (N_LAYERS, len(words), WIDTH)
+    assert np.isfinite(doc._.elmo_layers).all()
+    assert all(token.has_vector for token in doc)
+    text = nlp("Ünïcödé 😀 mixed\u00a0with 日本語 and \x00 controls\r\n.")
+    assert text._.elmo_layers.shape == (N_LAYERS, len(text), WIDTH)
+
+
+def test_a_sentence_does_not_depend_on_its_batch(nlp):
+    alone = nlp(TEXT)._.elmo_layers
+    others = ["Short.", " ".join(["word"] * 150), "", TEXT + " " + TEXT, "Another one here ."]
+    docs = list(nlp.pipe([*others[:2], TEXT, *others[2:]], batch_size=6))
+    np.testing.assert_allclose(docs[2]._.elmo_layers, alone, atol=1e-5)
+
+
+def test_sentences_are_separate_biLM_rows_when_set(elmo_dir):
+    nlp = elmo_pipeline(elmo_dir, sentencizer=True)
+    doc = nlp(TEXT)
+    first, second = list(doc.sents)
+    for sent in (first, second):
+        np.testing.assert_allclose(
+            doc._.elmo_layers[:, sent.start : sent.end], reference_layers(elmo_dir, [t.text for t in sent]),
+            atol=1e-5,
+        )
+
+
+def test_long_document_runs_in_token_bounded_batches(elmo_dir, monkeypatch):
+    nlp = elmo_pipeline(elmo_dir, model={"max_batch_tokens": 20_000, "get_spans": {"max_length": 200}})
+    shapes = []
+    forward = ElmoModel.forward
+
+    def recording_forward(self, input_ids, *args, **kwargs):
+        shapes.append(tuple(input_ids.shape[:2]))
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(ElmoModel, "forward", recording_forward)
+    words = ("the cat sat on a mat and then it ran off to see the king of the hill ;".split() * 5_300)[:100_000]
+    doc = nlp(Doc(nlp.vocab, words=words))
+    assert doc._.elmo_layers.shape == (N_LAYERS, 100_000, WIDTH)
+    assert sum(rows for rows, _ in shapes) == 500
+    assert all(rows * positions <= 20_000 and positions <= 202 for rows, positions in shapes)
+    assert np.abs(doc._.elmo_layers).sum(axis=(0, 2)).min() > 0  # every token got a vector
+
+
+def test_default_mix_vectors_and_similarity_hooks(elmo_dir):
+    doc = elmo_pipeline(elmo_dir)(TEXT)
+    layers = doc._.elmo_layers
+    np.testing.assert_allclose(doc[1]._.elmo_vector, layers[:, 1].mean(axis=0), atol=1e-6)
+    np.testing.assert_allclose(doc[1].vector, doc[1]._.elmo_vector)
+    np.testing.assert_allclose(doc[0:3].vector, layers[:, 0:3].mean(axis=(0, 1)), atol=1e-6)
+    np.testing.assert_allclose(doc.vector, layers.mean(axis=(0, 1)), atol=1e-6)
+    a, b = doc[1].vector, doc[10].vector
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no W007/W008 "no vectors" warnings
+        assert doc[1].similarity(doc[10]) == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), abs=1e-6)
+        assert doc[0:4].similarity(doc[4:]) < 1.0 and doc.similarity(doc) == pytest.approx(1.0, abs=1e-6)
+    assert doc[1].vector_norm == pytest.approx(float(np.linalg.norm(a)), rel=1e-6)
+
+    top = elmo_pipeline(elmo_dir, default_mix=[0.0, 0.0, 1.0])(TEXT)
+    np.testing.assert_allclose(top[1]._.elmo_vector, layers[2, 1], atol=1e-6)
+    assert top.tensor.size == 0  # doc.tensor only on request
+    tensor = elmo_pipeline(elmo_dir, set_doc_tensor=True)(TEXT).tensor
+    np.testing.assert_allclose(tensor, layers.mean(axis=0), atol=1e-6)
+
+
+def test_float16_storage_halves_the_memory(elmo_dir):
+    doc = elmo_pipeline(elmo_dir, store_dtype="float16")(TEXT)
+    assert doc._.elmo_layers.dtype == np.float16
+    assert doc[1].vector.dtype == np.float32
+    with pytest.raises(ValueError, match="store_dtype"):
+        elmo_pipeline(elmo_dir, store_dtype="int8")
+
+
+def test_docbin_round_trip_keeps_layers_and_restore_hooks_brings_vectors_back(nlp):
+    doc = nlp(TEXT)
+    docbin = DocBin(store_user_data=True, docs=[doc])
+    [loaded] = DocBin().from_bytes(docbin.to_bytes()).get_docs(nlp.vocab)
+    np.testing.assert_array_equal(loaded._.elmo_layers, doc._.elmo_layers)
+    np.testing.assert_array_equal(loaded[3]._.elmo_vector, doc[3].vector)
+    assert "vector" not in loaded.user_token_hooks  # spaCy drops hooks
+    restore_hooks(loaded)
+    np.testing.assert_array_equal(loaded[3].vector, doc[3].vector)
+    assert loaded.similarity(doc) == pytest.approx(1.0, abs=1e-6)
+    with pytest.warns(UserWarning, match="W109"):  # spaCy: hooks are not serialized
+        copy = Doc(nlp.vocab).from_bytes(doc.to_bytes())
+    np.testing.assert_array_equal(copy._.elmo_layers, doc._.elmo_layers)
+
+
+# A copy of the biLM at other memory addresses may round differently (~1e-7: CPU matmul kernels depend on
+# alignment), so copies are compared to 1e-6; the weights themselves are compared bit for bit.
+def test_pipeline_saves_the_biLM_and_loads_without_its_source(elmo_dir, tmp_path):
+    source = shutil.copytree(elmo_dir, tmp_path / "source")
+    nlp = elmo_pipeline(source)
+    expected = nlp(TEXT)._.elmo_layers
+    nlp.to_disk(tmp_path / "pipeline")
+    shutil.rmtree(source)
+    loaded = spacy.load(tmp_path / "pipeline")
+    np.testing.assert_allclose(loaded(TEXT)._.elmo_layers, expected, atol=1e-6)
+    pretrained = ElmoModel.from_pretrained(elmo_dir).state_dict()
+    for name, tensor in loaded.get_pipe("elmo").model.shims[0].elmo.state_dict().items():
+        assert torch.equal(tensor, pretrained[name]), name
+    from_bytes = spacy.blank("en")
+    from_bytes.add_pipe("elmo", config={"model": {"name": str(tmp_path / "gone")}})
+    from_bytes.from_bytes(nlp.to_bytes())
+    np.testing.assert_allclose(from_bytes(TEXT)._.elmo_layers, expected, atol=1e-6)
+    # Settings of the biLM layer come from the (edited) config, not from the saved model.
+    edited = spacy.load(tmp_path / "pipeline", config={"components": {"elmo": {"model": {"max_batch_tokens": 7}}}})
+    assert edited.get_pipe("elmo").model.attrs["settings"].max_batch_tokens == 7
+
+
+def test_pipeline_pickles(nlp):
+    expected = nlp(TEXT)._.elmo_layers
+    np.testing.assert_allclose(pickle.loads(pickle.dumps(nlp))(TEXT)._.elmo_layers, expected, atol=1e-6)
+
+
+MULTIPROCESSING_SCRIPT = """
+import multiprocessing, sys, warnings
+import numpy as np, spacy, torch
+
+def main(method, model_dir):
+    multiprocessing.set_start_method(method, force=True)
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": {"name": model_dir}})
+    torch.set_num_threads(2)
+    texts = ["The bank raised rates .", "", "  ", "A " * 300, "Odd 😀 \\u00e9 日本語 ."] * 3
+    single = list(nlp.pipe(texts))  # the parent uses torch threads first (the fork hang trigger)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # W109: hooks are not sent back from the workers
+        multi = list(nlp.pipe(texts, n_process=2, batch_size=2))
+    for one, other in zip(single, multi):
+        np.testing.assert_allclose(other._.elmo_layers, one._.elmo_layers, atol=1e-5)
+    print("ok", method)
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_pipe_with_two_processes_never_hangs(elmo_dir, tmp_path, method):
+    script = tmp_path / "multiprocessing_pipe.py"
+    script.write_text(MULTIPROCESSING_SCRIPT)
+    assert f"ok {method}" in run_python(script, method, elmo_dir, timeout=240)

@@ -1,0 +1,215 @@
+"""Thinc layers and registered functions of the plugin: ScalarMix, listener, biLM layer, span getters, loaders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import spacy
+import torch
+from elmo_fixtures import ALLENNLP, require
+from spacy.tokens import Doc
+from spacy.util import registry
+from spacy_fixtures import (
+    N_LAYERS,
+    WIDTH,
+    convert_fixture,
+    single_threaded_torch,  # noqa: F401 (autouse)
+)
+from thinc.api import Config
+
+from spacy_elmo.architectures import elmo_bilm_v1, elmo_listener_v1, scalar_mix_v1, tok2vec_elmo_v1
+from spacy_elmo.layers import ElmoListener, set_bilm_weights
+from spacy_elmo.span_getters import configure_doc_spans, configure_sent_spans
+from spacy_elmo.weights import load_pretrained, random_bilm
+
+
+@pytest.fixture(scope="module")
+def elmo_dir(tmp_path_factory):
+    return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
+
+
+def random_layers(seed: int = 0, lengths=(4, 0, 7)) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(3, n, 5)).astype("float32") for n in lengths]
+
+
+def make_mix(s=(0.1, 0.3, 0.5), gamma=1.1, **settings):
+    mix = scalar_mix_v1(3, **settings)
+    mix.initialize()
+    mix.set_param("s", np.asarray(s, dtype="float32"))
+    mix.set_param("gamma", np.asarray([gamma], dtype="float32"))
+    return mix
+
+
+def test_scalar_mix_is_gamma_times_softmax_weighted_sum():
+    Xs = random_layers()
+    mix = make_mix()
+    weights = np.exp([0.1, 0.3, 0.5]) / np.exp([0.1, 0.3, 0.5]).sum()
+    for X, Y in zip(Xs, mix.predict(Xs)):
+        np.testing.assert_allclose(Y, 1.1 * np.tensordot(weights, X, axes=1), rtol=1e-5, atol=1e-6)
+    default = scalar_mix_v1(3)
+    default.initialize()
+    np.testing.assert_allclose(default.predict(Xs)[0], Xs[0].mean(axis=0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_scalar_mix_gradients_match_finite_differences(layer_norm):
+    Xs = random_layers(1, lengths=(3, 2))
+    mix = make_mix(layer_norm=layer_norm)
+    rng = np.random.default_rng(2)
+    dYs = [rng.normal(size=(len(X[0]), 5)).astype("float32") for X in Xs]
+
+    def loss() -> float:
+        return float(sum((Y.astype("float64") * dY).sum() for Y, dY in zip(mix.predict(Xs), dYs)))
+
+    _, backprop = mix.begin_update(Xs)
+    dXs = backprop(dYs)
+    eps = 1e-3
+    for name in ("s", "gamma"):
+        param, grad = mix.get_param(name), mix.get_grad(name)
+        for i in range(len(param)):
+            param[i] += eps
+            up = loss()
+            param[i] -= 2 * eps
+            down = loss()
+            param[i] += eps
+            assert grad[i] == pytest.approx((up - down) / (2 * eps), rel=1e-2, abs=1e-3)
+    for X, dX in zip(Xs, dXs):
+        for index in [(0, 0, 0), (1, 1, 3), (2, 0, 4)]:
+            if index[1] < X.shape[1]:
+                X[index] += eps
+                up = loss()
+                X[index] -= 2 * eps
+                down = loss()
+                X[index] += eps
+                assert dX[index] == pytest.approx((up - down) / (2 * eps), rel=1e-2, abs=1e-3)
+
+
+def test_layer_dropout_drops_whole_layers_in_training_only():
+    X = random_layers(lengths=(6,))
+    mix = make_mix(s=(0, 0, 0), gamma=1.0, layer_dropout=0.5)
+    np.testing.assert_allclose(mix.predict(X)[0], X[0].mean(axis=0), atol=1e-6)
+    candidates = [X[0][list(kept)].mean(axis=0) for kept in ([0], [1], [2], [0, 1], [0, 2], [1, 2], [0, 1, 2])]
+    for _ in range(10):
+        Y = mix.begin_update(X)[0][0]
+        assert any(np.allclose(Y, candidate, atol=1e-6) for candidate in candidates)
+
+
+def test_untrainable_mix_gets_no_gradient():
+    mix = make_mix(trainable=False)
+    _, backprop = mix.begin_update(random_layers())
+    backprop([np.ones((n, 5), dtype="float32") for n in (4, 0, 7)])
+    assert not mix.has_grad("s") and not mix.has_grad("gamma")
+
+
+def test_scalar_mix_rejects_layers_that_do_not_match():
+    with pytest.raises(ValueError, match="initial_scalars"):
+        scalar_mix_v1(3, initial_scalars=[0.0, 1.0])
+    with pytest.raises(ValueError, match="n_layers"):
+        make_mix().predict([np.zeros((2, 4, 5), dtype="float32")])
+
+
+def test_listener_reads_doc_layers_in_prediction_and_checks_them():
+    vocab = spacy.blank("en").vocab
+    listener = elmo_listener_v1(5, scalar_mix_v1(3), project_to=4)
+    assert listener.get_dim("nO") == 4
+    docs = [Doc(vocab, words=["a", "b"]), Doc(vocab, words=["c"])]
+    listener.initialize(X=docs)
+    assert [y.shape for y in listener.predict(docs)] == [(2, 4), (1, 4)]  # not annotated: zeros, valid shapes
+    layers = random_layers(lengths=(2, 1))
+    for doc, doc_layers in zip(docs, layers):
+        doc._.elmo_layers = doc_layers
+    node = next(n for n in listener.walk() if isinstance(n, ElmoListener))
+    np.testing.assert_array_equal(node.predict(docs)[0], layers[0])
+    docs[1]._.elmo_layers = np.zeros((3, 1, 7), dtype="float32")
+    with pytest.raises(ValueError, match="width to 2 \\* projection_dim"):
+        node.predict(docs)
+    with pytest.raises(ValueError, match="found no `doc._.elmo_layers` in training"):
+        node.begin_update([Doc(vocab, words=["x"])])
+
+
+def test_listener_uses_the_batch_it_was_sent_and_scales_the_gradient():
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words=["a", "b"])]
+    node = ElmoListener("*", 5, 3, grad_factor=0.5)
+    received = []
+    outputs = random_layers(lengths=(2,))
+    node.receive(ElmoListener.get_batch_id(docs), outputs, received.append)
+    Y, backprop = node.begin_update(docs)
+    assert Y is outputs
+    backprop([np.ones((3, 2, 5), dtype="float32")])
+    np.testing.assert_array_equal(received[0][0], np.full((3, 2, 5), 0.5, dtype="float32"))
+    with pytest.raises(ValueError, match="other than the one"):
+        node.begin_update([Doc(vocab, words=["other"])])
+
+
+def test_span_getters_cut_long_spans_into_windows():
+    nlp = spacy.blank("en")
+    doc = nlp("one two three four five . six seven .")
+    assert [len(s) for s in configure_sent_spans(4)([doc])[0]] == [4, 4, 1]
+    doc[6].is_sent_start = True
+    for token in doc[1:6]:
+        token.is_sent_start = False
+    assert [s.text for s in configure_sent_spans(4)([doc])[0]] == ["one two three four", "five .", "six seven ."]
+    assert [len(s) for s in configure_doc_spans(5)([doc])[0]] == [5, 4]
+    assert configure_doc_spans(5)([nlp("")]) == [[]]
+    with pytest.raises(ValueError, match="max_length"):
+        configure_sent_spans(0)
+
+
+def test_bilm_layer_loads_lazily_and_backpropagates_into_the_biLM(elmo_dir):
+    vocab = spacy.blank("en").vocab
+    bilm = elmo_bilm_v1(configure_sent_spans(200), name=str(elmo_dir), max_batch_tokens=8)
+    docs = [Doc(vocab, words="The bank raised rates .".split()), Doc(vocab, words=[]), Doc(vocab, words=["Hi"])]
+    Ys, backprop = bilm.begin_update(docs)  # first use loads the weights from `name`
+    assert [Y.shape for Y in Ys] == [(N_LAYERS, 5, WIDTH), (N_LAYERS, 0, WIDTH), (N_LAYERS, 1, WIDTH)]
+    assert (bilm.get_dim("nO"), bilm.get_dim("nL")) == (WIDTH, N_LAYERS)
+    elmo = bilm.shims[0].elmo
+    assert all(p.grad is None for p in elmo.parameters())
+    backprop([np.ones_like(Y) for Y in Ys])
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in elmo.bilstm.parameters())
+
+
+def test_standalone_tok2vec_elmo_is_frozen_unless_asked(elmo_dir):
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words="The bank raised rates .".split())]
+    for freeze in (True, False):
+        model = tok2vec_elmo_v1(
+            elmo_bilm_v1(configure_sent_spans(200), name=str(elmo_dir)), scalar_mix_v1(3), WIDTH, freeze=freeze
+        )
+        model.initialize(X=docs)
+        Ys, backprop = model.begin_update(docs)
+        assert Ys[0].shape == (5, WIDTH)
+        backprop([np.ones_like(Y) for Y in Ys])
+        elmo = next(node for node in model.walk() if node.name == "elmo_bilm").shims[0].elmo
+        assert all(p.grad is None for p in elmo.parameters()) == freeze
+
+
+def test_weight_loaders_give_the_same_biLM(elmo_dir):
+    config = Config().from_str(f"""
+        [allennlp]
+        @misc = "spacy-elmo.AllenNLPWeights.v1"
+        options_file = "{require(ALLENNLP / 'options.json')}"
+        weight_file = "{require(ALLENNLP / 'lm_weights.hdf5')}"
+
+        [pretrained]
+        @misc = "spacy-elmo.PretrainedWeights.v1"
+        name = "{elmo_dir}"
+
+        [random]
+        @misc = "spacy-elmo.RandomWeights.v1"
+        preset = null
+        config = {{"lstm_dim": 8, "projection_dim": 4, "filters": [[1, 4]], "char_embedding_dim": 2}}
+        """)
+    loaders = registry.resolve(config)
+    allennlp, pretrained = loaders["allennlp"](), loaders["pretrained"]()
+    for (name, a), (_, b) in zip(allennlp.state_dict().items(), pretrained.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert loaders["random"]().config.output_dim == 8
+    torch.testing.assert_close(random_bilm("small", {"lstm_dim": 16, "projection_dim": 8}).state_dict(),
+                               random_bilm("small", {"lstm_dim": 16, "projection_dim": 8}).state_dict())
+    with pytest.raises(ValueError, match="paths.elmo_model"):
+        load_pretrained(None)
+    bilm = elmo_bilm_v1(configure_sent_spans(200))
+    with pytest.raises(TypeError, match="ElmoModel"):
+        set_bilm_weights(bilm, "not a model")

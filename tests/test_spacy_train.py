@@ -1,0 +1,229 @@
+"""End to end: the shipped configs trained with `spacy train` on CoNLL-2003 and SST-5 slices, then reloaded in a
+fresh process without the biLM's source; spaCy's debug / benchmark / package commands; sourcing and
+replace_listeners on the trained pipeline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import spacy
+import srsly
+import torch
+from spacy.cli import app as spacy_app
+from spacy.util import registry
+from spacy_fixtures import (
+    DATA,
+    WIDTH,
+    convert_fixture,
+    run_python,
+    single_threaded_torch,  # noqa: F401 (autouse)
+)
+from thinc.api import Config
+from typer.testing import CliRunner
+
+from hf_elmo import ElmoModel
+from spacy_elmo.cli import app as elmo_app
+
+TEXTS = [
+    "The European Commission said on Thursday it disagreed with German advice to consumers.",
+    "Peter Blackburn flew from BRUSSELS to London .",
+    "",
+    "A gorgeous , witty , seductive movie .",
+]
+# Small task layers, so that a few CPU steps train something.
+OVERRIDES = {
+    "ner": {
+        "components.ner.model.tok2vec.embed.project_to": 32,
+        "components.ner.model.tok2vec.encode.width": 32,
+        "training.batcher.size": 300,
+        "training.optimizer.learn_rate": 0.005,
+    },
+    "textcat": {
+        "components.textcat.model.tok2vec.project_to": 32,
+        "training.batcher.size.start": 5000,  # the whole slice in every batch
+        "training.batcher.size.stop": 5000,
+        "training.optimizer.learn_rate": 0.02,
+    },
+}
+# (converter, input file, options) for the train and dev slices.
+CORPORA = {
+    "ner": [("convert-conll2003", "conll2003/iob2/train.txt", ["-n", "4", "--limit", "12"]),
+            ("convert-conll2003", "conll2003/iob2/valid.txt", ["-n", "4", "--limit", "4"])],
+    "textcat": [("convert-sst5", "sst5/train.tsv", ["--limit", "30"]),
+                ("convert-sst5", "sst5/dev.tsv", ["--limit", "20"])],
+}
+
+
+def invoke(app, *args: object) -> str:
+    result = CliRunner().invoke(app, [str(arg) for arg in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def train(task: str, work: Path, source: Path) -> Path:
+    """Corpora, config (`spacy init elmo-config`) and `spacy train`; returns the output directory."""
+    paths = []
+    for split, (command, input_file, options) in zip(("train", "dev"), CORPORA[task]):
+        paths.append(work / f"{task}-{split}.spacy")
+        invoke(elmo_app, command, DATA / input_file, paths[-1], *options)
+    registry.cli.get_all()  # what the `spacy` command does first: load the `spacy_cli` entry points
+    config_path = work / f"{task}.cfg"
+    invoke(spacy_app, "init", "elmo-config", task, config_path, "--model", source)
+    config = Config().from_disk(config_path, interpolate=False)
+    assert config["elmo"] == {"width": WIDTH, "n_layers": 3} and config["system"]["gpu_allocator"] == "pytorch"
+    config["training"]["logger"] = {
+        "@loggers": "spacy.ConsoleLogger.v3", "progress_bar": None, "console_output": False,
+        "output_file": str(work / f"{task}-log.jsonl"),
+    }
+    config.to_disk(config_path)
+    overrides = {**OVERRIDES[task], "training.max_steps": 40, "training.eval_frequency": 10}
+    options = [f"--{key}={value}" for key, value in overrides.items()]
+    output = work / task
+    invoke(spacy_app, "train", config_path, "--output", output, "--paths.train", paths[0], "--paths.dev", paths[1],
+           *options)
+    invoke(spacy_app, "debug", "config", config_path, "--paths.train", paths[0], "--paths.dev", paths[1])
+    return output
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Both tasks trained from a copy of the fixture biLM; the copy is deleted afterwards."""
+    work = tmp_path_factory.mktemp("train")
+    source = convert_fixture(work / "elmo-source")
+    outputs = {task: train(task, work, source) for task in ("ner", "textcat")}
+    pretrained = ElmoModel.from_pretrained(source).state_dict()
+    shutil.rmtree(source)
+    return work, outputs, pretrained
+
+
+def scalar_mix(nlp, component):
+    [node] = [node for node in nlp.get_pipe(component).model.walk() if node.name == "elmo_scalar_mix"]
+    return node.get_param("s"), node.get_param("gamma")
+
+
+@pytest.mark.parametrize("task", ["ner", "textcat"])
+def test_losses_fall_and_the_task_mix_trains(trained, task):
+    work, _, _ = trained
+    log = [json.loads(line) for line in (work / f"{task}-log.jsonl").read_text().splitlines()]
+    losses = [entry["losses"][task] for entry in log if entry["step"] > 0]  # sums over 10 steps each
+    assert len(losses) == 4 and losses == sorted(losses, reverse=True) and losses[-1] < 0.9 * losses[0], losses
+
+
+@pytest.mark.parametrize("task", ["ner", "textcat"])
+def test_mix_trained_and_frozen_biLM_bit_identical(trained, task):
+    _, outputs, pretrained = trained
+    nlp = spacy.load(outputs[task] / "model-last")
+    s, gamma = scalar_mix(nlp, task)
+    assert np.abs(s).max() > 1e-3 and abs(float(gamma[0]) - 1.0) > 1e-3
+    state = nlp.get_pipe("elmo").model.shims[0].elmo.state_dict()
+    assert state.keys() == pretrained.keys()
+    assert all(torch.equal(state[name], pretrained[name]) for name in state)
+
+
+RELOAD_SCRIPT = """
+import json, sys
+import numpy as np, spacy
+
+texts, output, WIDTH = json.loads(sys.argv[1]), sys.argv[2], 32
+arrays, annotations = {}, []
+assert "spacy_elmo" not in sys.modules
+spacy.blank("en").add_pipe("elmo")  # the factory comes from the `spacy_factories` entry point
+assert "spacy_elmo" in sys.modules
+for name, path in json.loads(sys.argv[3]).items():
+    nlp = spacy.load(path)
+    docs = list(nlp.pipe(texts))
+    features = nlp.get_pipe(name).model.get_ref("tok2vec").predict(docs)  # the task's mix and layers above
+    arrays[f"{name}-features"] = np.concatenate(features) if isinstance(features, list) else features
+    for i, doc in enumerate(docs):
+        arrays[f"{name}-layers-{i}"] = doc._.elmo_layers
+        arrays[f"{name}-vectors-{i}"] = np.array([token.vector for token in doc]).reshape(len(doc), WIDTH)
+        annotations.append([[(e.start, e.end, e.label_) for e in doc.ents], doc.cats])
+np.savez(output + ".npz", **arrays)
+json.dump(annotations, open(output + ".json", "w"))
+"""
+
+
+def predictions(pipelines: dict[str, Path], texts: list[str]):
+    arrays, annotations = {}, []
+    for name, path in pipelines.items():
+        nlp = spacy.load(path)
+        docs = list(nlp.pipe(texts))
+        features = nlp.get_pipe(name).model.get_ref("tok2vec").predict(docs)
+        arrays[f"{name}-features"] = np.concatenate(features) if isinstance(features, list) else features
+        for i, doc in enumerate(docs):
+            arrays[f"{name}-layers-{i}"] = doc._.elmo_layers
+            arrays[f"{name}-vectors-{i}"] = np.array([token.vector for token in doc]).reshape(len(doc), WIDTH)
+            annotations.append([[[e.start, e.end, e.label_] for e in doc.ents], doc.cats])
+    return arrays, annotations
+
+
+def test_saved_pipelines_reload_in_a_fresh_process_without_the_biLM_source(trained, tmp_path):
+    work, outputs, _ = trained
+    assert not (work / "elmo-source").exists()
+    pipelines = {task: str(output / "model-last") for task, output in outputs.items()}
+    run_python(RELOAD_SCRIPT, json.dumps(TEXTS), tmp_path / "fresh", json.dumps(pipelines))
+    arrays, annotations = predictions(pipelines, TEXTS)
+    fresh = np.load(tmp_path / "fresh.npz")
+    assert sorted(fresh.files) == sorted(arrays)
+    for name, array in arrays.items():  # float32 rounding may differ with memory layout (see test_spacy_component)
+        np.testing.assert_allclose(fresh[name], array, atol=1e-5, rtol=1e-5, err_msg=name)
+    fresh_annotations = json.loads((tmp_path / "fresh.json").read_text())
+    assert [ents for ents, _ in fresh_annotations] == [ents for ents, _ in annotations]
+    for (_, fresh_cats), (_, cats) in zip(fresh_annotations, annotations):
+        assert fresh_cats == pytest.approx(cats, abs=1e-6)
+    assert any(cats for _, cats in annotations)
+
+
+def test_spacy_benchmark_and_package_work_on_the_trained_pipeline(trained, tmp_path):
+    work, outputs, _ = trained
+    model = outputs["ner"] / "model-best"
+    accuracy = invoke(spacy_app, "benchmark", "accuracy", model, work / "ner-dev.spacy", "--output",
+                      tmp_path / "scores.json")
+    assert "NER P" in accuracy and "ents_f" in srsly.read_json(tmp_path / "scores.json")
+    speed = invoke(spacy_app, "benchmark", "speed", model, work / "ner-dev.spacy", "--batches", 30, "--warmup", 1,
+                   "--batch-size", 1)
+    assert "words/s" in speed
+    invoke(spacy_app, "package", model, tmp_path, "--name", "elmo_ner", "--version", "0.0.1", "--build", "none")
+    meta = srsly.read_json(tmp_path / "en_elmo_ner-0.0.1" / "meta.json")
+    assert any(requirement.startswith("elmo>=") for requirement in meta["requirements"]), meta["requirements"]
+
+
+def tok2vec_outputs(nlp, texts):
+    """The NER model's token features (ELMo mix, biLSTM, projection) of all `texts`' tokens."""
+    return nlp.get_pipe("ner").model.get_ref("tok2vec").predict(list(nlp.pipe(texts)))
+
+
+def test_sourced_and_replaced_listeners_reload(trained, tmp_path):
+    _, outputs, _ = trained
+    trained_path = str(outputs["ner"] / "model-last")
+    expected = tok2vec_outputs(spacy.load(trained_path), TEXTS)
+    config = Config().from_str(f"""
+        [nlp]
+        lang = "en"
+        pipeline = ["elmo", "ner"]
+
+        [components]
+
+        [components.elmo]
+        source = "{trained_path}"
+
+        [components.ner]
+        source = "{trained_path}"
+        """)
+    sourced = spacy.util.load_model_from_config(config, auto_fill=True)
+    assert sourced.get_pipe("elmo").listening_components == ["ner"]
+    np.testing.assert_allclose(tok2vec_outputs(sourced, TEXTS), expected, atol=1e-5)
+
+    config["components"]["ner"]["replace_listeners"] = ["model.tok2vec.embed"]  # nested in spacy.Tok2Vec.v2
+    standalone = spacy.util.load_model_from_config(config, auto_fill=True)
+    assert standalone.get_pipe("elmo").listening_components == []
+    embed = standalone.config["components"]["ner"]["model"]["tok2vec"]["embed"]
+    assert embed["@architectures"] == "spacy-elmo.Tok2VecElmo.v1" and embed["freeze"] is True
+    standalone.remove_pipe("elmo")
+    standalone.to_disk(tmp_path / "standalone")
+    reloaded = spacy.load(tmp_path / "standalone")
+    np.testing.assert_allclose(tok2vec_outputs(reloaded, TEXTS), expected, atol=1e-5)
