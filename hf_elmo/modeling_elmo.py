@@ -341,9 +341,9 @@ class ElmoPreTrainedModel(PreTrainedModel):
             if module.projection_weight is not None:
                 bound = math.sqrt(6.0 / (cell + hidden))
                 init.uniform_(module.projection_weight, -bound, bound)
-        elif isinstance(module, ElmoForBidirectionalLM):
-            init.normal_(module.softmax.weight, std=math.sqrt(1.0 / config.projection_dim))
-            init.zeros_(module.softmax.bias)
+        elif module is getattr(self, "softmax", None):  # the word softmax of ElmoForBidirectionalLM
+            init.normal_(module.weight, std=math.sqrt(1.0 / config.projection_dim))
+            init.zeros_(module.bias)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
         """`PreTrainedModel.push_to_hub`; with the `hf_elmo` package installed, the repo then gets the ELMo model
@@ -493,11 +493,16 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
         loss = None
         if labels is not None:
             vocab = self.config.vocab_size
+            mask = attention_mask.bool() if attention_mask is not None else (input_ids > 0).any(dim=-1)
+            # A pair of neighbours counts only if both are real positions (never padding, whatever its labels).
+            both_real = mask[:, :-1] & mask[:, 1:]
+            forward_targets = labels[:, 1:].masked_fill(~both_real, -100)
+            backward_targets = labels[:, :-1].masked_fill(~both_real, -100)
             forward_loss = F.cross_entropy(
-                forward_logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=-100
+                forward_logits[:, :-1].reshape(-1, vocab), forward_targets.reshape(-1), ignore_index=-100
             )
             backward_loss = F.cross_entropy(
-                backward_logits[:, 1:].reshape(-1, vocab), labels[:, :-1].reshape(-1), ignore_index=-100
+                backward_logits[:, 1:].reshape(-1, vocab), backward_targets.reshape(-1), ignore_index=-100
             )
             loss = 0.5 * (forward_loss + backward_loss)
         return ElmoBidirectionalLMOutput(

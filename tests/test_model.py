@@ -235,11 +235,10 @@ def test_bidirectional_lm_loss_and_loading(tmp_path, tokenizer):
     labels = torch.randint(0, 11, encoded["attention_mask"].shape).masked_fill(encoded["attention_mask"] == 0, -100)
     output = lm(**encoded, labels=labels)
     assert output.forward_logits.shape == (*labels.shape, 11)
-    # The forward LM predicts the next word, the backward LM the previous one; -100 is ignored.
-    forward = torch.nn.functional.cross_entropy(output.forward_logits[:, :-1].reshape(-1, 11),
-                                                labels[:, 1:].reshape(-1), ignore_index=-100)
-    backward = torch.nn.functional.cross_entropy(output.backward_logits[:, 1:].reshape(-1, 11),
-                                                 labels[:, :-1].reshape(-1), ignore_index=-100)
+    # The forward LM predicts the next word, the backward LM the previous one, between real positions.
+    both_real = encoded["attention_mask"][:, :-1].bool() & encoded["attention_mask"][:, 1:].bool()
+    forward = torch.nn.functional.cross_entropy(output.forward_logits[:, :-1][both_real], labels[:, 1:][both_real])
+    backward = torch.nn.functional.cross_entropy(output.backward_logits[:, 1:][both_real], labels[:, :-1][both_real])
     torch.testing.assert_close(output.loss, 0.5 * (forward + backward))
     output.loss.backward()
     assert lm.softmax.weight.grad.abs().sum() > 0
@@ -257,6 +256,22 @@ def test_bidirectional_lm_loss_and_loading(tmp_path, tokenizer):
                                       lm.elmo(**encoded).last_hidden_state.detach().numpy())
     with pytest.raises(ValueError, match="vocab_size"):
         ElmoForBidirectionalLM(tiny_config())
+
+
+def test_bidirectional_lm_loss_ignores_targets_predicted_from_padding(tmp_path, tokenizer):
+    """Labels on real positions only: a padded batch gives each row's own loss (backward LM at padding too)."""
+    torch.manual_seed(0)
+    lm = ElmoForBidirectionalLM(tiny_config(vocab_size=11, dropout=0.0)).eval()
+    encoded = tokenizer([["a", "b", "c", "d"], ["e"]], is_split_into_words=True, padding=True, return_tensors="pt")
+    labels = torch.randint(0, 11, encoded["attention_mask"].shape)  # garbage labels on padding too
+    short = lm(**{k: v[1:, :3] for k, v in encoded.items()}, labels=labels[1:, :3]).loss
+    padded_row = lm(**{k: v[1:] for k, v in encoded.items()}, labels=labels[1:]).loss
+    torch.testing.assert_close(padded_row, short)
+    # An LM built from an encoder checkpoint gets a properly initialised softmax.
+    ElmoModel(tiny_config()).save_pretrained(tmp_path)
+    softmax = ElmoForBidirectionalLM.from_pretrained(tmp_path, vocab_size=7).softmax
+    assert softmax.weight.abs().max() < 10 and softmax.bias.abs().max() == 0
+    assert 0.1 < softmax.weight.std() < 1.0  # N(0, 1/sqrt(projection_dim = 8)) ≈ 0.35
 
 
 def test_chunked_computation_equals_unchunked(monkeypatch, model, tokenizer):
