@@ -1,7 +1,8 @@
-"""The `elmo` command line: `convert`, `export-hdf5`, `info` and `embed`.
+"""The `elmo` command line: `convert`, `export-hdf5`, `info`, `embed`, and for training `build-vocab`, `pretrain` and
+`evaluate`.
 
-Thin wrappers around `hf_elmo.convert` and `hf_elmo.embed`; expected failures (missing files, bad options) end
-with a one-line `Error: ...` on stderr and exit code 1 (2 for usage errors), never a traceback.
+Thin wrappers around `hf_elmo.convert`, `hf_elmo.embed` and `hf_elmo.training`; expected failures (missing files,
+bad options) end with a one-line `Error: ...` on stderr and exit code 1 (2 for usage errors), never a traceback.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class LayerMode(str, Enum):
 
 @app.callback()
 def main() -> None:
-    """ELMo biLMs for Hugging Face transformers: convert original weights, inspect models, embed text."""
+    """ELMo biLMs for Hugging Face transformers: convert original weights, inspect models, embed text, train."""
     hf_logging.disable_progress_bar()  # loading bars of transformers would clutter the output
 
 
@@ -269,6 +270,88 @@ def embed(
         _fail(str(error))
     if not quiet:
         typer.echo(f"{count} sentences written to {output_file}", err=True)
+
+
+def _training():
+    """`hf_elmo.training`, which needs the `train` extra (Accelerate)."""
+    try:
+        from . import training
+    except ImportError as error:
+        _fail(f"{error}; training needs: pip install 'elmo[train]'")
+    return training
+
+
+@app.command("build-vocab")
+def build_vocab(
+    files: Annotated[list[str], typer.Argument(metavar="FILES...", help="Corpus files or glob patterns (.gz ok).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The vocabulary file to write.")] = Path("vocab.txt"),
+    word_tokenizer: Annotated[
+        str, typer.Option(help="`whitespace` (pre-tokenized), `spacy:en` or `elmo` (`split_words`).")
+    ] = "spacy:en",
+    max_size: Annotated[
+        int | None, typer.Option(min=3, help="Entries at most, `<S>`, `</S>`, `<UNK>` included.")
+    ] = None,
+    min_count: Annotated[int, typer.Option(min=1, help="Keep words seen at least this often.")] = 1,
+) -> None:
+    """Count the words of FILES (one sentence or paragraph per line, streamed) and write the softmax vocabulary:
+    `<S>`, `</S>`, `<UNK>`, then the words by decreasing frequency (ties alphabetical), one per line. Prints the
+    size and the share of the corpus' words it covers."""
+    training = _training()
+    try:
+        tokenizer = training.get_word_tokenizer(word_tokenizer)
+        counts = training.count_corpus_words(training.expand_files(files), tokenizer)
+    except (OSError, ValueError, ImportError) as error:
+        _fail(str(error))
+    vocabulary = training.WordVocabulary.from_counts(counts, max_size=max_size, min_count=min_count)
+    vocabulary.save(output)
+    total = sum(counts.values())
+    covered = sum(counts[word] for word in vocabulary.words)
+    typer.echo(f"{output}: {len(vocabulary):,} entries covering {covered / max(total, 1):.2%} of {total:,} words")
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
+)
+def pretrain(ctx: typer.Context) -> None:
+    """Train a biLM from scratch or continue training one (also on several GPUs or nodes with `accelerate launch`
+    / `torchrun -m hf_elmo.training`). Every option: `elmo pretrain --help`."""
+    training = _training()
+    try:
+        training.pretrain.main(ctx.args)
+    except (OSError, ValueError, ImportError) as error:
+        _fail(str(error))
+
+
+@app.command()
+def evaluate(
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="An ElmoForBidirectionalLM directory or Hub id.")],
+    files: Annotated[list[str], typer.Argument(metavar="FILES...", help="Held-out text, one line per sequence.")],
+    word_tokenizer: Annotated[
+        str | None, typer.Option(help="How lines are split into words [default: the one the model records].")
+    ] = None,
+    batch_tokens: Annotated[int, typer.Option(min=1, help="Padded positions per forward pass (more on a GPU).")] = 1024,
+    max_words: Annotated[
+        int | None, typer.Option(min=1, help="Cut longer lines into pieces of this many words [default: whole lines].")
+    ] = None,
+    device: Annotated[str, typer.Option(help="`cpu`, `cuda`, ...")] = "cpu",
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+) -> None:
+    """Print the forward, backward and average perplexity of MODEL on FILES (full softmax) as one JSON line.
+
+    Every line is one sequence from the zero state; each direction predicts the words plus one `</S>` (forward)
+    or `<S>` (backward) per line, counted in `tokens`. The average is exp(mean of the two cross-entropies).
+    Empty lines are skipped; targets outside the model's `vocab.txt` are `<UNK>`."""
+    training = _training()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        metrics = training.evaluate_model(
+            _model_location(model), files, word_tokenizer=word_tokenizer, batch_tokens=batch_tokens,
+            max_words=max_words, device=device,
+        )
+    except (OSError, ValueError, ImportError) as error:
+        _fail(str(error))
+    typer.echo(json.dumps(metrics))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""Training throughput of a biLM on CPU: optimizer steps of `hf_elmo.training.BidirectionalLMLoss` on random text.
+
+    python benchmarks/bench_training.py --preset small --num-sampled 8192 --vocab-size 100000
+    python benchmarks/bench_training.py --recipe training/ptb_cpu.yaml
+
+Prints tokens/s (targets per direction = words + one `</S>` per sentence, the unit of `elmo pretrain`'s log) for
+batches of `--batch-tokens` padded positions of sentences of 10-40 words drawn from a Zipfian vocabulary, median
+of `--steps` timed steps after `--warmup` steps (forward, backward, gradient clipping, optimizer step: Adagrad, or
+the recipe's Adam).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import string
+import time
+
+import torch
+import yaml
+
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM
+from hf_elmo.training import BidirectionalLMLoss, WordVocabulary, encode_batch, group_by_length, split_line
+
+
+def random_corpus(n_sentences: int, vocab_size: int, seed: int = 0) -> tuple[WordVocabulary, list[list[str]]]:
+    """A vocabulary of `vocab_size` random words and sentences of 10-40 of them, word k drawn with probability
+    ~ 1 / (k + 1)."""
+    rng = random.Random(seed)
+    words: dict[str, None] = {}
+    while len(words) < vocab_size - 3:
+        words["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 10)))] = None
+    vocabulary = WordVocabulary(["<S>", "</S>", "<UNK>", *words])
+    weights = [1.0 / (k + 1) for k in range(len(words))]
+    return vocabulary, [rng.choices(list(words), weights, k=rng.randint(10, 40)) for _ in range(n_sentences)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small", help="small, medium or original (a recipe names its own)")
+    parser.add_argument("--recipe", help="an `elmo pretrain` YAML recipe: its model_config, batch_tokens, num_sampled")
+    parser.add_argument("--vocab-size", type=int, default=10_000)
+    parser.add_argument("--num-sampled", type=int, default=0, help="0 = full softmax")
+    parser.add_argument("--batch-tokens", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    recipe = yaml.safe_load(open(args.recipe)) if args.recipe else {}
+    model_config = recipe.get("model_config", {})
+    batch_tokens = recipe.get("batch_tokens", args.batch_tokens)
+    num_sampled = recipe.get("num_sampled", args.num_sampled)
+    vocabulary, sentences = random_corpus(2000, args.vocab_size)
+    config = ElmoConfig.from_preset(recipe.get("preset", args.preset), **model_config, vocab_size=len(vocabulary))
+    lm = ElmoForBidirectionalLM(config)
+    objective = BidirectionalLMLoss(lm, num_sampled=num_sampled).train()
+    if recipe.get("optimizer") == "adam":
+        optimizer = torch.optim.Adam(objective.parameters(), lr=1e-3)
+    else:
+        optimizer = torch.optim.Adagrad(objective.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    tokenizer = ElmoCharTokenizer(max_characters_per_token=config.max_characters_per_token)
+    segments = [s for words in sentences for s in split_line(words, None)]
+    batches = group_by_length(segments, batch_tokens)
+    random.Random(0).shuffle(batches)
+    batches = [encode_batch(b, tokenizer, vocabulary) for b in batches[: args.warmup + args.steps]]
+
+    rates = []
+    for index, batch in enumerate(batches):
+        start = time.perf_counter()
+        output = objective(**batch)
+        output.loss.backward()
+        torch.nn.utils.clip_grad_norm_(objective.parameters(), 10.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        if index >= args.warmup:
+            rates.append(int(output.n_targets) / (time.perf_counter() - start))
+    print(json.dumps({
+        "model": args.recipe or args.preset,
+        "parameters": sum(p.numel() for p in lm.parameters()),
+        "vocab_size": len(vocabulary),
+        "softmax": f"sampled {num_sampled}" if num_sampled else "full",
+        "batch_tokens": batch_tokens,
+        "threads": args.threads,
+        "tokens_per_second": round(statistics.median(rates)),
+        "cpu": platform.processor() or platform.machine(),
+        "load_average": os.getloadavg()[0],
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Streamed, sharded, sentence-level batches for biLM training and evaluation.
+
+Every line (sentence or paragraph) becomes one sequence `<S> w1 ... wn </S>` that starts from the zero LSTM
+state, as at inference; a line longer than `max_words` words is cut into consecutive pieces of at most
+`max_words` words, and a piece boundary inside a line is no prediction target (its label is -100).
+
+Per epoch the files are shuffled (seeded by `seed` and the epoch), then each process takes its own part: whole
+files (`files[rank::world_size]`) when there are at least as many files as processes, otherwise every
+`world_size`-th line. A process reads its part in blocks of `block_lines` lines; each block is shuffled, sorted
+by length into batches of at most `batch_tokens` padded positions, and the batches are shuffled. Nothing is
+loaded whole, and the position (epoch, block, batch) of every batch is known, so training resumes exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from ..tokenization_elmo import ElmoCharTokenizer
+from .text import WordTokenizer, read_lines
+from .vocabulary import BOS, EOS, WordVocabulary
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """A place in a process's data stream: the first `batch` batches of block `block` of `epoch` are done."""
+
+    epoch: int = 0
+    block: int = 0
+    batch: int = 0
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Words given to the biLM as one sequence; `starts_line`/`ends_line` say whether `<S>`/`</S>` are real."""
+
+    words: tuple[str, ...]
+    starts_line: bool = True
+    ends_line: bool = True
+
+
+def split_line(words: Sequence[str], max_words: int | None) -> list[Segment]:
+    """The segments of one line: none for an empty line, pieces of at most `max_words` words for a long one."""
+    if not words:
+        return []
+    step = max_words or len(words)
+    starts = range(0, len(words), step)
+    return [Segment(tuple(words[s : s + step]), s == 0, s + step >= len(words)) for s in starts]
+
+
+def group_by_length(segments: Sequence[Segment], batch_tokens: int) -> list[list[Segment]]:
+    """Batches of segments sorted by length, each with at most `batch_tokens` padded positions (`<S>`/`</S>`
+    included); a segment longer than that is a batch alone."""
+    batches: list[list[Segment]] = []
+    for segment in sorted(segments, key=lambda s: len(s.words)):
+        if batches and (len(batches[-1]) + 1) * (len(segment.words) + 2) <= batch_tokens:
+            batches[-1].append(segment)
+        else:
+            batches.append([segment])
+    return batches
+
+
+def encode_batch(
+    segments: Sequence[Segment], char_tokenizer: ElmoCharTokenizer, vocabulary: WordVocabulary
+) -> dict[str, torch.Tensor]:
+    """Model inputs of a batch: `input_ids` (batch, positions, chars), `attention_mask` (batch, positions) and
+    `labels` (batch, positions) = softmax ids of `<S>`, the words and `</S>`, -100 at padding and at the ends of
+    pieces that are not the ends of a line."""
+    positions = max(len(s.words) for s in segments) + 2
+    input_ids = np.zeros((len(segments), positions, char_tokenizer.max_characters_per_token), dtype=np.int64)
+    attention_mask = np.zeros((len(segments), positions), dtype=np.int64)
+    labels = np.full((len(segments), positions), IGNORE_INDEX, dtype=np.int64)
+    bos, eos = char_tokenizer.word_to_char_ids(BOS), char_tokenizer.word_to_char_ids(EOS)
+    for row, segment in enumerate(segments):
+        length = len(segment.words) + 2
+        input_ids[row, :length] = [bos, *map(char_tokenizer.word_to_char_ids, segment.words), eos]
+        attention_mask[row, :length] = 1
+        labels[row, :length] = vocabulary.encode(segment.words)
+        if not segment.starts_line:
+            labels[row, 0] = IGNORE_INDEX
+        if not segment.ends_line:
+            labels[row, length - 1] = IGNORE_INDEX
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(attention_mask),
+        "labels": torch.from_numpy(labels),
+    }
+
+
+class LMBatches(IterableDataset):
+    """One epoch of batches (dicts of `encode_batch` tensors plus `position`, the `DataPosition` after the batch)
+    for one process, from `set_position` (default: the start of epoch 0) to the end of that epoch.
+
+    Args:
+        files: corpus files, one sentence or paragraph per line (`.gz` read compressed).
+        word_tokenizer: splits lines into words (see `hf_elmo.training.text`).
+        vocabulary: softmax ids of the target words.
+        char_tokenizer: character ids of the input words.
+        batch_tokens: padded positions per batch.
+        max_words: longest piece of a line given as one sequence (`None`: whole lines).
+        block_lines: lines read, shuffled and batched together.
+        shuffle: shuffle files, lines within blocks, and batches (training); `False` keeps the order (evaluation).
+        seed: the shuffling seed (with the epoch and block index).
+        rank, world_size: this process and the number of processes sharing the data.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[str],
+        word_tokenizer: WordTokenizer,
+        vocabulary: WordVocabulary,
+        char_tokenizer: ElmoCharTokenizer,
+        batch_tokens: int = 4096,
+        max_words: int | None = 100,
+        block_lines: int = 10_000,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        if not files:
+            raise ValueError("no corpus files given")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside [0, {world_size})")
+        self.files = list(files)
+        self.word_tokenizer = word_tokenizer
+        self.vocabulary = vocabulary
+        self.char_tokenizer = char_tokenizer
+        self.batch_tokens = batch_tokens
+        self.max_words = max_words
+        self.block_lines = block_lines
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.position = DataPosition()
+
+    def set_position(self, position: DataPosition) -> None:
+        """Start the next iteration at `position` (a new epoch: `DataPosition(epoch)`)."""
+        self.position = position
+
+    def epoch_files(self, epoch: int) -> list[str]:
+        """The files in the order of `epoch`."""
+        files = list(self.files)
+        if self.shuffle:
+            random.Random(f"{self.seed}/{epoch}").shuffle(files)
+        return files
+
+    def process_lines(self, epoch: int) -> Iterator[str]:
+        """This process's lines of `epoch`: its whole files, or every `world_size`-th line if files are too few."""
+        files = self.epoch_files(epoch)
+        if len(files) >= self.world_size:
+            return itertools.chain.from_iterable(map(read_lines, files[self.rank :: self.world_size]))
+        lines = itertools.chain.from_iterable(map(read_lines, files))
+        return itertools.islice(lines, self.rank, None, self.world_size)
+
+    def block_batches(self, lines: list[str], epoch: int, block: int) -> list[list[Segment]]:
+        """The batches of one block of lines, in training order."""
+        rng = random.Random(f"{self.seed}/{epoch}/{block}")
+        if self.shuffle:
+            lines = rng.sample(lines, len(lines))
+        segments = [s for words in self.word_tokenizer(lines) for s in split_line(words, self.max_words)]
+        batches = group_by_length(segments, self.batch_tokens)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return batches
+
+    def __iter__(self) -> Iterator[dict]:
+        start = self.position
+        lines = self.process_lines(start.epoch)
+        for block in itertools.count():
+            block_lines = list(itertools.islice(lines, self.block_lines))
+            if not block_lines:
+                return
+            if block < start.block:
+                continue  # read, not tokenized: cheap
+            batches = self.block_batches(block_lines, start.epoch, block)
+            first = start.batch if block == start.block else 0
+            for index in range(first, len(batches)):
+                yield {
+                    **encode_batch(batches[index], self.char_tokenizer, self.vocabulary),
+                    "position": (start.epoch, block, index + 1),
+                }

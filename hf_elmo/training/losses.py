@@ -1,0 +1,149 @@
+"""The biLM training objective: forward and backward LM cross-entropies through one softmax shared by both
+directions, computed on the real targets only, with the full softmax or (training only) a sampled softmax.
+
+The sampled softmax is bilm-tf's (TensorFlow's `sampled_softmax_loss` with its default candidate sampler):
+`num_sampled` distinct candidates drawn from the log-uniform (Zipfian) distribution over ids, which assumes
+the vocabulary is sorted by decreasing frequency; logits are corrected by the log of each id's expected
+count, and a candidate equal to the target is removed ("accidental hit"). One candidate set per batch is shared
+by both directions. Evaluation always uses the full softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import ModelOutput
+
+from ..modeling_elmo import ElmoForBidirectionalLM
+from .data import IGNORE_INDEX
+
+# Logits computed at once by the full softmax (rows x vocabulary), to bound the memory of evaluation.
+FULL_SOFTMAX_CHUNK = 1 << 24
+
+
+def log_uniform_probability(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """P(id) (float64) of the log-uniform distribution, P(k) = log((k + 2) / (k + 1)) / log(vocab_size + 1)."""
+    return torch.log1p(1.0 / (ids.double() + 1.0)) / math.log(vocab_size + 1.0)
+
+
+def log_uniform_candidates(num_sampled: int, vocab_size: int) -> tuple[torch.Tensor, int]:
+    """`num_sampled` distinct ids drawn from the log-uniform distribution (with torch's global RNG, on CPU) and
+    the number of draws it took (which gives every id's expected count)."""
+    if not 0 < num_sampled < vocab_size:
+        raise ValueError(f"num_sampled must lie in [1, vocab_size = {vocab_size}), got {num_sampled}")
+    log_range = math.log(vocab_size + 1.0)
+    draws = torch.empty(0, dtype=torch.long)
+    while True:
+        new = (torch.exp(torch.rand(2 * num_sampled, dtype=torch.float64) * log_range) - 1.0).long()
+        draws = torch.cat([draws, new.clamp_(0, vocab_size - 1)])
+        unique, inverse = torch.unique(draws, return_inverse=True)
+        if len(unique) >= num_sampled:
+            break
+    first_draw = torch.full_like(unique, len(draws)).scatter_reduce(0, inverse, torch.arange(len(draws)), "amin")
+    order = first_draw.argsort()[:num_sampled]
+    return unique[order], int(first_draw[order[-1]]) + 1
+
+
+def sampled_softmax_loss(
+    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_sampled: int
+) -> torch.Tensor:
+    """Per-row loss (rows,) of hidden (rows, P) → targets (rows,) through softmax weight (V, P), bias (V,)."""
+    vocab_size = weight.shape[0]
+    candidates, num_tries = log_uniform_candidates(num_sampled, vocab_size)
+    candidates = candidates.to(hidden.device)
+
+    def log_expected_count(ids: torch.Tensor) -> torch.Tensor:
+        # P(id drawn at least once in num_tries draws), as TensorFlow's unique sampler reports it.
+        probability = log_uniform_probability(ids, vocab_size)
+        return torch.log(-torch.expm1(num_tries * torch.log1p(-probability))).float()
+
+    true_logits = (hidden * weight[targets]).sum(-1) + bias[targets] - log_expected_count(targets)
+    sampled_logits = hidden @ weight[candidates].T + bias[candidates] - log_expected_count(candidates)
+    sampled_logits = sampled_logits.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+    logits = torch.cat([true_logits[:, None], sampled_logits], dim=1).float()
+    return torch.logsumexp(logits, dim=1) - logits[:, 0]
+
+
+def full_softmax_loss(
+    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """Per-row cross-entropy (rows,) over the whole vocabulary, computed in chunks of rows."""
+    if not len(targets):
+        return hidden.new_zeros(0, dtype=torch.float32)
+    rows = max(1, FULL_SOFTMAX_CHUNK // weight.shape[0])
+    chunks = zip(hidden.split(rows), targets.split(rows))
+    return torch.cat([F.cross_entropy(F.linear(h, weight, bias).float(), y, reduction="none") for h, y in chunks])
+
+
+@dataclass
+class BidirectionalLMLossOutput(ModelOutput):
+    """
+    Args:
+        loss (`torch.FloatTensor`): 0.5 * (mean forward CE + mean backward CE) of the batch (sampled in training
+            with `num_sampled`).
+        forward_loss_sum, backward_loss_sum (`torch.FloatTensor`, detached): summed CE of each direction.
+        n_targets (`torch.LongTensor`): targets per direction (words + one `</S>` per line for the forward LM).
+    """
+
+    loss: torch.FloatTensor | None = None
+    forward_loss_sum: torch.FloatTensor | None = None
+    backward_loss_sum: torch.FloatTensor | None = None
+    n_targets: torch.LongTensor | None = None
+
+
+class BidirectionalLMLoss(nn.Module):
+    """The training module around an `ElmoForBidirectionalLM` (`self.lm`): its biLM and its shared softmax.
+
+    Args:
+        lm: the biLM with its softmax.
+        num_sampled: candidates of the sampled softmax in training; 0 = full softmax.
+
+    `encoder_frozen = True` trains the softmax alone (no gradient reaches the biLM), e.g. first when the biLM
+    comes from weights without a softmax.
+    """
+
+    def __init__(self, lm: ElmoForBidirectionalLM, num_sampled: int = 0):
+        super().__init__()
+        if num_sampled and num_sampled >= lm.config.vocab_size:
+            raise ValueError(
+                f"num_sampled ({num_sampled}) must be smaller than the vocabulary ({lm.config.vocab_size}); "
+                "use the full softmax (num_sampled 0)"
+            )
+        self.lm = lm
+        self.num_sampled = num_sampled
+        self.encoder_frozen = False
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> BidirectionalLMLossOutput:
+        """input_ids (batch, positions, chars), attention_mask and labels (batch, positions) as `encode_batch`
+        makes them: the forward LM at position t predicts labels[t + 1], the backward LM labels[t - 1]."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.encoder_frozen):
+            top = self.lm.elmo(input_ids, attention_mask).last_hidden_state
+        forward_top, backward_top = self.lm.dropout(top).chunk(2, dim=-1)
+        # A target counts where it is a label and the position predicting it is real (not padding).
+        real = attention_mask.bool()
+        forward_targets, backward_targets = labels[:, 1:], labels[:, :-1]
+        forward_mask = (forward_targets != IGNORE_INDEX) & real[:, :-1]
+        backward_mask = (backward_targets != IGNORE_INDEX) & real[:, 1:]
+        hidden = torch.cat([forward_top[:, :-1][forward_mask], backward_top[:, 1:][backward_mask]])
+        targets = torch.cat([forward_targets[forward_mask], backward_targets[backward_mask]])
+        softmax = self.lm.softmax
+        if self.training and self.num_sampled:
+            losses = sampled_softmax_loss(hidden, targets, softmax.weight, softmax.bias, self.num_sampled)
+        else:
+            losses = full_softmax_loss(hidden, targets, softmax.weight, softmax.bias)
+        n_forward = int(forward_mask.sum())
+        forward_sum, backward_sum = losses[:n_forward].sum(), losses[n_forward:].sum()
+        n_backward = len(losses) - n_forward
+        loss = 0.5 * (forward_sum / max(n_forward, 1) + backward_sum / max(n_backward, 1))
+        return BidirectionalLMLossOutput(
+            loss=loss,
+            forward_loss_sum=forward_sum.detach(),
+            backward_loss_sum=backward_sum.detach(),
+            n_targets=forward_mask.sum(),
+        )

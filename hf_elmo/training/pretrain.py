@@ -1,0 +1,429 @@
+"""Train or continue training an ELMo biLM on plain-text corpora with Hugging Face Accelerate (`elmo pretrain`).
+
+The same command runs on one CPU or GPU, or on several GPUs and nodes when launched by Accelerate or torchrun:
+
+    elmo pretrain --train_files 'corpus/*.txt.gz' --validation_files valid.txt --output_dir out
+    elmo pretrain training/ptb_cpu.yaml --max_steps 100          # a recipe, with overrides
+    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.training ARGS
+    torchrun --nnodes 2 --nproc_per_node 8 ... -m hf_elmo.training ARGS
+    elmo pretrain ... --resume                                   # continue from the newest checkpoint
+
+Reads top to bottom: arguments → vocabulary and data → model → `accelerator.prepare` → loop (step, log,
+evaluate, checkpoint) → save. The output directory is a `save_pretrained` directory (model, tokenizer,
+`vocab.txt`, model card) ready for the Hub (`--push_to_hub`), plus `checkpoints/` and `training_log.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import yaml
+from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate.logging import get_logger
+from accelerate.utils import gather_object, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import AutoConfig, HfArgumentParser, get_scheduler
+
+from ..configuration_elmo import ElmoConfig
+from ..hub import write_model_card
+from ..modeling_elmo import ElmoForBidirectionalLM, ElmoModel
+from ..tokenization_elmo import ElmoCharTokenizer
+from .card import describe_files, push_trained_model, training_source
+from .checkpointing import latest_checkpoint, load_checkpoint, remove_partial_checkpoints, save_checkpoint
+from .data import DataPosition, LMBatches
+from .evaluation import evaluate, perplexities
+from .losses import BidirectionalLMLoss
+from .text import expand_files, get_word_tokenizer
+from .vocabulary import VOCAB_FILE, WordVocabulary, build_vocabulary
+
+logger = get_logger(__name__)
+
+# Steps that train the softmax alone, by default, when the starting biLM has none (at most a tenth of max_steps).
+DEFAULT_SOFTMAX_ONLY_STEPS = 1000
+
+
+@dataclass
+class PretrainArguments:
+    """Arguments of `elmo pretrain` (each is also a key of a YAML/JSON recipe)."""
+
+    # Data
+    train_files: list[str] = field(default_factory=list, metadata={"help": "Training files or glob patterns: plain "
+                                   "text (.gz read compressed), one sentence or paragraph per line."})
+    validation_files: list[str] = field(default_factory=list, metadata={"help": "Held-out files for perplexity."})
+    word_tokenizer: str | None = field(default=None, metadata={"help": "How lines are split into words: whitespace "
+                                       "(pre-tokenized), spacy:en (spaCy's English tokenizer) or elmo (hf_elmo."
+                                       "split_words). Default: the starting model's, else spacy:en."})
+    corpus_name: str | None = field(default=None, metadata={"help": "The corpus, for the model card "
+                                    "(default: the training file names)."})
+    max_words: int | None = field(default=100, metadata={"help": "Lines longer than this many words are cut into "
+                                  "pieces trained as separate sequences."})
+    block_lines: int = field(default=10_000, metadata={"help": "Lines read, shuffled and batched together."})
+    num_workers: int = field(default=0, metadata={"help": "0: batches made in the training process; 1: in a "
+                             "background process."})
+    # Vocabulary
+    vocab_file: str | None = field(default=None, metadata={"help": "The softmax vocabulary (one word per line, "
+                                   "<S> </S> <UNK> first, by frequency). Default: built from --train_files."})
+    max_vocab_size: int | None = field(default=None, metadata={"help": "Building: keep this many entries at most."})
+    min_count: int = field(default=1, metadata={"help": "Building: keep words seen at least this often."})
+    # Model
+    init_model: str | None = field(default=None, metadata={"help": "Start from this ElmoForBidirectionalLM "
+                                   "(continue with its vocabulary) or ElmoModel (a new softmax is trained first); "
+                                   "a directory or Hub id. Default: a new model."})
+    preset: str = field(default="small", metadata={"help": "Architecture of a new model: small, medium, original."})
+    model_config: str | None = field(default=None, metadata={"help": "JSON object of ElmoConfig fields that "
+                                     "override the preset, e.g. '{\"lstm_dim\": 512}'."})
+    dropout: float | None = field(default=None, metadata={"help": "Override the model's dropout."})
+    num_sampled: int = field(default=0, metadata={"help": "Sampled softmax with this many log-uniform candidates "
+                             "(bilm-tf: 8192); 0 = full softmax. Evaluation always uses the full softmax."})
+    softmax_only_steps: int | None = field(default=None, metadata={"help": "Train only the softmax for this many "
+                                           "steps first. Default: 1000 (at most max_steps / 10) when the starting "
+                                           "model has no softmax, else 0."})
+    # Optimisation
+    optimizer: str = field(default="adagrad", metadata={"help": "adagrad (bilm-tf: lr 0.2, accumulator 1.0) or adam."})
+    learning_rate: float = field(default=0.2, metadata={"help": "Peak learning rate."})
+    lr_scheduler: str = field(default="constant", metadata={"help": "A transformers schedule: constant, "
+                              "constant_with_warmup, linear, cosine, ... (all but the constant ones need max_steps)."})
+    warmup_steps: int = field(default=0, metadata={"help": "Warm-up steps of the schedule."})
+    batch_tokens: int = field(default=4096, metadata={"help": "Padded positions per batch per process."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Batches per optimizer step."})
+    max_grad_norm: float = field(default=10.0, metadata={"help": "Clip the global gradient norm (0: no clipping)."})
+    num_train_epochs: int = field(default=10, metadata={"help": "Passes over the training files."})
+    max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
+    seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout, sampling and shuffling."})
+    mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 or bf16 (GPU); default: "
+                                        "Accelerate's config or launch flag."})
+    cpu: bool = field(default=False, metadata={"help": "Train on the CPU even if a GPU is available."})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads per process."})
+    # Output
+    output_dir: str | None = field(default=None, metadata={"help": "Where the model, checkpoints and logs go."})
+    logging_steps: int = field(default=100, metadata={"help": "Log training loss, perplexity and tokens/s."})
+    eval_steps: int | None = field(default=None, metadata={"help": "Evaluate on --validation_files this often "
+                                   "(always at the end)."})
+    save_steps: int = field(default=1000, metadata={"help": "Write a checkpoint this often (and at the end)."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Checkpoints kept."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in output_dir "
+                         "(with the same arguments and number of processes), if there is one."})
+    report_to: str | None = field(default=None, metadata={"help": "An Accelerate tracker: tensorboard, wandb, ..."})
+    push_to_hub: str | None = field(default=None, metadata={"help": "Upload the result to this Hub repo."})
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> PretrainArguments:
+    """Command-line arguments, on top of a YAML/JSON recipe when the first argument is one."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(PretrainArguments, prog="elmo pretrain", description=__doc__)
+    if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml", ".json")):
+        recipe = yaml.safe_load(Path(argv.pop(0)).read_text(encoding="utf-8")) or {}
+        unknown = set(recipe) - {f.name for f in fields(PretrainArguments)}
+        if unknown:
+            parser.error(f"unknown recipe keys: {', '.join(sorted(unknown))}")
+        if isinstance(recipe.get("model_config"), dict):
+            recipe["model_config"] = json.dumps(recipe["model_config"])
+        parser.set_defaults(**recipe)
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    if not args.train_files or not args.output_dir:
+        parser.error("--train_files and --output_dir are required")
+    if args.lr_scheduler not in ("constant", "constant_with_warmup") and not args.max_steps:
+        parser.error(f"--lr_scheduler {args.lr_scheduler} needs --max_steps")
+    if args.optimizer not in ("adagrad", "adam"):
+        parser.error("--optimizer must be adagrad or adam")
+    if args.num_workers not in (0, 1):
+        parser.error("--num_workers must be 0 or 1 (one background process keeps the batch order exact)")
+    return args
+
+
+def elmo_config(name: str) -> ElmoConfig:
+    config = AutoConfig.from_pretrained(name)
+    if not isinstance(config, ElmoConfig):
+        raise ValueError(f"{name} is not an ELMo model (model_type {config.model_type!r})")
+    return config
+
+
+def load_vocabulary(args: PretrainArguments, accelerator: Accelerator, word_tokenizer_name: str) -> WordVocabulary:
+    """The vocabulary of a new softmax: the run's own (when resuming), --vocab_file, or built by the main process
+    from the training files. Written to output_dir/vocab.txt."""
+    saved = Path(args.output_dir) / VOCAB_FILE
+    if args.resume and saved.is_file():
+        return WordVocabulary.load(saved)
+    if args.vocab_file:
+        vocabulary = WordVocabulary.load(args.vocab_file)
+    elif accelerator.is_main_process:
+        logger.info("Building the vocabulary from the training files")
+        vocabulary = build_vocabulary(
+            expand_files(args.train_files), get_word_tokenizer(word_tokenizer_name), args.max_vocab_size,
+            args.min_count,
+        )
+    if accelerator.is_main_process:
+        vocabulary.save(saved)
+    accelerator.wait_for_everyone()
+    return WordVocabulary.load(saved)
+
+
+def load_model(
+    args: PretrainArguments, init_config: ElmoConfig | None, accelerator: Accelerator, word_tokenizer_name: str
+) -> tuple[ElmoForBidirectionalLM, WordVocabulary, str]:
+    """The biLM to train, its vocabulary, and where its weights come from (for the card)."""
+    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
+    if init_config is not None and init_config.vocab_size:  # continue an LM with its own softmax and vocabulary
+        if args.vocab_file:
+            raise ValueError("--init_model has a softmax, trained further with its own vocabulary: drop --vocab_file")
+        try:
+            vocabulary = WordVocabulary.from_pretrained(args.init_model)
+        except OSError:
+            raise ValueError(f"{args.init_model} has a softmax but no {VOCAB_FILE} naming its rows") from None
+        if len(vocabulary) != init_config.vocab_size:
+            raise ValueError(f"{args.init_model}: {VOCAB_FILE} has {len(vocabulary)} words, the softmax "
+                             f"{init_config.vocab_size}")
+        lm = ElmoForBidirectionalLM.from_pretrained(args.init_model, **overrides)
+        if accelerator.is_main_process:
+            vocabulary.save(Path(args.output_dir) / VOCAB_FILE)
+        return lm, vocabulary, f"the biLM `{args.init_model}` (fine-tuned)"
+    vocabulary = load_vocabulary(args, accelerator, word_tokenizer_name)
+    if init_config is not None:  # an encoder without softmax (e.g. converted original weights): add a new one
+        config = ElmoConfig.from_dict({**init_config.to_dict(), **overrides, "vocab_size": len(vocabulary)})
+        # A new model, then the encoder's weights: its softmax gets bilm-tf's initialisation this way (loading the
+        # encoder with `ElmoForBidirectionalLM.from_pretrained(..., vocab_size=...)` leaves it uninitialised).
+        lm = ElmoForBidirectionalLM(config)
+        lm.elmo.load_state_dict(ElmoModel.from_pretrained(args.init_model).state_dict())
+        return lm, vocabulary, f"the biLM `{args.init_model}` with a new softmax"
+    model_config = json.loads(args.model_config) if args.model_config else {}
+    config = ElmoConfig.from_preset(args.preset, **{**model_config, **overrides, "vocab_size": len(vocabulary)})
+    return ElmoForBidirectionalLM(config), vocabulary, "random initialisation"
+
+
+def make_optimizer(args: PretrainArguments, parameters) -> torch.optim.Optimizer:
+    if args.optimizer == "adagrad":  # bilm-tf's optimizer
+        return torch.optim.Adagrad(parameters, lr=args.learning_rate, initial_accumulator_value=1.0)
+    return torch.optim.Adam(parameters, lr=args.learning_rate)
+
+
+def train(args: PretrainArguments) -> Path:
+    """Train as `args` say; returns the output directory."""
+    init_config = elmo_config(args.init_model) if args.init_model else None
+    word_tokenizer_name = args.word_tokenizer or getattr(init_config, "word_tokenizer", None) or "spacy:en"
+    new_softmax_on_trained_encoder = init_config is not None and not init_config.vocab_size
+    softmax_only_steps = args.softmax_only_steps
+    if softmax_only_steps is None:
+        limit = args.max_steps // 10 if args.max_steps else DEFAULT_SOFTMAX_ONLY_STEPS
+        softmax_only_steps = min(DEFAULT_SOFTMAX_ONLY_STEPS, limit) if new_softmax_on_trained_encoder else 0
+
+    # The biLM is frozen in the softmax-only steps: DDP must accept parameters without gradients then.
+    accelerator = Accelerator(
+        cpu=args.cpu,
+        mixed_precision=args.mixed_precision,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with=args.report_to,
+        project_dir=args.output_dir,
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=softmax_only_steps > 0)],
+    )
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    set_seed(args.seed)
+    output_dir, checkpoint_dir = Path(args.output_dir), Path(args.output_dir) / "checkpoints"
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        remove_partial_checkpoints(checkpoint_dir)
+    accelerator.wait_for_everyone()
+    checkpoint = latest_checkpoint(checkpoint_dir) if args.resume else None
+
+    # Model, vocabulary and data
+    lm, vocabulary, started_from = load_model(args, init_config, accelerator, word_tokenizer_name)
+    lm.config.word_tokenizer = word_tokenizer_name
+    lm.config.word_vocab_file = VOCAB_FILE
+    char_tokenizer = ElmoCharTokenizer(max_characters_per_token=lm.config.max_characters_per_token)
+    word_tokenizer = get_word_tokenizer(word_tokenizer_name)
+    train_files = expand_files(args.train_files)
+    validation_files = expand_files(args.validation_files) if args.validation_files else []
+
+    def batches(files: list[str], shuffle: bool) -> LMBatches:
+        return LMBatches(
+            files, word_tokenizer, vocabulary, char_tokenizer, batch_tokens=args.batch_tokens, max_words=args.max_words,
+            block_lines=args.block_lines, shuffle=shuffle, seed=args.seed, rank=accelerator.process_index,
+            world_size=accelerator.num_processes,
+        )
+
+    train_data = batches(train_files, shuffle=True)
+    # Each process reads its own part, so the loader is not prepared (sharded) by Accelerate; its own generator
+    # keeps it from drawing on the global RNG, whose state the checkpoints restore.
+    train_loader = DataLoader(
+        train_data, batch_size=None, num_workers=args.num_workers, generator=torch.Generator(),
+        pin_memory=accelerator.device.type == "cuda",
+    )
+
+    # Objective, optimizer and schedule, prepared by Accelerate (device, DDP, mixed precision)
+    objective = BidirectionalLMLoss(lm, num_sampled=args.num_sampled)
+    optimizer = make_optimizer(args, objective.parameters())
+    scheduler = get_scheduler(
+        args.lr_scheduler, optimizer,
+        num_warmup_steps=args.warmup_steps * accelerator.num_processes,
+        num_training_steps=(args.max_steps or 0) * accelerator.num_processes,
+    )
+    objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
+    state = {"step": 0, "position": [0, 0, 0], "tokens": 0, "sequences": 0, "world_size": accelerator.num_processes}
+    if checkpoint is not None:
+        state = load_checkpoint(accelerator, checkpoint)
+        if state["world_size"] != accelerator.num_processes:
+            raise ValueError(f"{checkpoint} was written by {state['world_size']} processes; resume with as many")
+        logger.info(f"Resuming from {checkpoint} (step {state['step']})", main_process_only=True)
+    accelerator.init_trackers(
+        "elmo-pretrain", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
+    )
+    logger.info(f"{sum(p.numel() for p in lm.parameters()):,} parameters, vocabulary {len(vocabulary):,}, "
+                f"{len(train_files)} training files, processes: {accelerator.num_processes} on {accelerator.device}")
+
+    # Training loop. This process's counts: sequences, targets (words + one </S> per line) and, since the last log,
+    # forward CE, backward CE and targets.
+    step, position, last_saved = state["step"], DataPosition(*state["position"]), state["step"]
+    sequences, tokens = state["sequences"], state["tokens"]
+    window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+    window_start = time.perf_counter()
+    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process,
+                    desc="elmo pretrain", unit="step")
+    log_file = output_dir / "training_log.jsonl"
+
+    def log(record: dict) -> None:
+        record = {"step": step, "epoch": position.epoch, **record}
+        if accelerator.is_main_process:
+            with log_file.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
+            progress.write(json.dumps(record))
+        accelerator.log(record, step=step)
+
+    def validate() -> dict[str, float] | None:
+        if not validation_files:
+            return None
+        model = accelerator.unwrap_model(objective)  # no DDP hooks: processes may have different batch counts
+        return evaluate(model, batches(validation_files, shuffle=False), accelerator.device, accelerator)
+
+    def total_tokens() -> int:
+        return int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), reduction="sum"))
+
+    def save(step: int, position: DataPosition) -> None:
+        state = {"step": step, "position": [position.epoch, position.block, position.batch], "tokens": tokens,
+                 "sequences": sequences, "world_size": accelerator.num_processes}
+        save_checkpoint(accelerator, checkpoint_dir, step, state, keep=args.save_total_limit)
+
+    def all_processes_have(batch: dict | None) -> bool:
+        """An epoch ends for every process when one runs out of data (they must take the same steps)."""
+        if accelerator.num_processes == 1:
+            return batch is not None
+        return bool(accelerator.gather(torch.tensor([int(batch is not None)], device=accelerator.device)).all())
+
+    objective.train()
+    finished = args.max_steps is not None and step >= args.max_steps
+    for epoch in range(position.epoch, args.num_train_epochs):
+        if finished:
+            break
+        train_data.set_position(position if epoch == position.epoch else DataPosition(epoch))
+        loader = iter(train_loader)
+        while not finished and all_processes_have(batch := next(loader, None)):
+            position = DataPosition(*batch.pop("position"))
+            batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()}
+            accelerator.unwrap_model(objective).encoder_frozen = step < softmax_only_steps
+            with accelerator.accumulate(objective):
+                output = objective(**batch)
+                accelerator.backward(output.loss)
+                if accelerator.sync_gradients and args.max_grad_norm:
+                    accelerator.clip_grad_norm_(objective.parameters(), args.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            sequences += len(batch["labels"])
+            tokens += int(output.n_targets)
+            window += torch.stack([output.forward_loss_sum.double(), output.backward_loss_sum.double(),
+                                   output.n_targets.double()])
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            progress.update(1)
+            finished = args.max_steps is not None and step >= args.max_steps
+            if step % args.logging_steps == 0 or finished:
+                forward_sum, backward_sum, n_targets = accelerator.reduce(window, reduction="sum").tolist()
+                train = perplexities(forward_sum, backward_sum, int(n_targets))
+                speed = n_targets / (time.perf_counter() - window_start)
+                log({
+                    "loss": 0.5 * (forward_sum + backward_sum) / max(n_targets, 1),
+                    "forward_perplexity": train["forward_perplexity"],
+                    "backward_perplexity": train["backward_perplexity"],
+                    "sampled_softmax": bool(args.num_sampled),
+                    "learning_rate": scheduler.get_last_lr()[0],
+                    "tokens_per_second": speed,
+                    "tokens": total_tokens(),
+                })
+                progress.set_postfix(ppl=f"{train['average_perplexity']:.1f}", tok_s=f"{speed:.0f}")
+                window.zero_()
+                window_start = time.perf_counter()
+            pause = time.perf_counter()  # tokens/s measures training: evaluation and checkpoints are left out
+            if args.eval_steps and step % args.eval_steps == 0 and not finished:
+                log({f"validation_{key}": value for key, value in validate().items()})
+            if step % args.save_steps == 0 or finished:
+                save(step, position)
+                last_saved = step
+            window_start += time.perf_counter() - pause
+        if not finished:
+            position = DataPosition(epoch + 1)
+    if step != last_saved:
+        save(step, position)
+    progress.close()
+
+    # Final evaluation and the save_pretrained directory
+    validation = validate()
+    if validation is not None:
+        log({f"validation_{key}": value for key, value in validation.items()})
+    # Per process: the data it read, and a checksum of its weights (equal everywhere when gradients are in sync).
+    processes = gather_object(
+        [{"sequences": sequences, "tokens": tokens,
+          "parameter_sum": sum(p.double().sum().item() for p in objective.parameters())}]
+    )
+    tokens = total_tokens()
+    if accelerator.is_main_process:
+        lm = accelerator.unwrap_model(objective).lm
+        lm.save_pretrained(output_dir)
+        char_tokenizer.save_pretrained(output_dir)
+        vocabulary.save_pretrained(output_dir)
+        batch_description = (
+            f"batches of {args.batch_tokens:,} padded positions, processes: {accelerator.num_processes}, "
+            f"gradient accumulation: {args.gradient_accumulation_steps}"
+        )
+        source = training_source(
+            started_from=started_from,
+            corpus=args.corpus_name or describe_files(train_files),
+            word_tokenizer=word_tokenizer_name,
+            vocab_size=len(vocabulary),
+            num_sampled=args.num_sampled,
+            steps=step,
+            tokens=tokens,
+            batch=batch_description,
+            optimizer=f"{args.optimizer}, learning rate {args.learning_rate} ({args.lr_scheduler})",
+            validation=validation,
+            validation_corpus=describe_files(validation_files),
+        )
+        write_model_card(output_dir, lm, source)
+        trainer_state = {"step": step, "epoch": position.epoch, "tokens": tokens, "validation": validation,
+                         "processes": processes}
+        (output_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+        if args.push_to_hub:
+            push_trained_model(output_dir, args.push_to_hub)
+    # Every process releases the DDP model (which holds the process group), then the group, at the same time: a
+    # group still referenced when a process exits can block that process forever.
+    accelerator.wait_for_everyone()
+    objective, optimizer, scheduler = accelerator.free_memory(objective, optimizer, scheduler)
+    accelerator.end_training()
+    return output_dir
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per saved file otherwise
+    train(parse_arguments(argv))
+
+
+if __name__ == "__main__":
+    main()

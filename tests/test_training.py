@@ -1,0 +1,495 @@
+"""Tests of `hf_elmo.training`: vocabulary, streamed sharded batches, the biLM objective (full and sampled softmax),
+atomic checkpoints, and `elmo pretrain` / `elmo evaluate` / `elmo build-vocab` end to end on tiny models."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from elmo_fixtures import FIXTURES, require
+from fake_hub import FakeHub
+from huggingface_hub import list_repo_files
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoModel
+from hf_elmo.cli import app
+from hf_elmo.training import (
+    BidirectionalLMLoss,
+    DataPosition,
+    LMBatches,
+    Segment,
+    WordVocabulary,
+    build_vocabulary,
+    encode_batch,
+    evaluate_model,
+    get_word_tokenizer,
+    group_by_length,
+    latest_checkpoint,
+    load_checkpoint,
+    log_uniform_candidates,
+    parse_arguments,
+    sampled_softmax_loss,
+    save_checkpoint,
+    split_line,
+    train,
+)
+from hf_elmo.training import losses as losses_module
+from hf_elmo.training.checkpointing import list_checkpoints, remove_partial_checkpoints
+from hf_elmo.training.losses import log_uniform_probability
+
+TOY = FIXTURES / "bilm-tf" / "train"
+# The architecture of bilm-tf's training test (tests/test_training.py), with its 10-character words.
+TOY_MODEL = json.dumps({
+    "char_embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "activation": "tanh",
+    "n_highway": 1, "lstm_dim": 16, "projection_dim": 8, "max_characters_per_token": 10,
+})
+runner = CliRunner(env={"COLUMNS": "1000"})
+
+
+def reset_accelerate() -> None:
+    """Forget the process-wide Accelerate state, so that the next `Accelerator` is configured afresh."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    yield
+    reset_accelerate()
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def toy_lines() -> list[str]:
+    return require(TOY / "data.txt").read_text().splitlines()
+
+
+def write_corpus(path: Path, lines: list[str]) -> Path:
+    data = "".join(f"{line}\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+def numbered_lines(n: int, words: int = 4) -> list[str]:
+    """`n` distinct lines of `words` words: line i is "w<i> x y z"."""
+    return [" ".join([f"w{i}", *["x", "y", "z", "u", "v"][: words - 1]]) for i in range(n)]
+
+
+def toy_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "--train_files", str(require(TOY / "data.txt")), "--vocab_file", str(TOY / "vocab.txt"),
+        "--word_tokenizer", "whitespace", "--model_config", TOY_MODEL, "--output_dir", str(tmp_path / "out"),
+        "--threads", "1", "--logging_steps", "10", *extra,
+    ]
+
+
+# -- vocabulary and word tokenizers ------------------------------------------------------------------------------
+
+def test_vocabulary_puts_the_specials_first_then_words_by_decreasing_frequency(tmp_path):
+    counts = Counter({"b": 3, "a": 3, "c": 5, "rare": 1, "<UNK>": 7})
+    vocabulary = WordVocabulary.from_counts(counts)
+    assert vocabulary.words == ["<S>", "</S>", "<UNK>", "c", "a", "b", "rare"]
+    assert WordVocabulary.from_counts(counts, min_count=2).words[3:] == ["c", "a", "b"]
+    assert WordVocabulary.from_counts(counts, max_size=5).words == ["<S>", "</S>", "<UNK>", "c", "a"]
+    assert vocabulary.encode(["a", "unseen"]) == [0, 4, 2, 1]
+    assert WordVocabulary.load(vocabulary.save(tmp_path / "v.txt")).words == vocabulary.words
+    with pytest.raises(ValueError, match="starts with"):
+        WordVocabulary(["a", "<S>", "</S>", "<UNK>"])
+    with pytest.raises(ValueError, match="twice"):
+        WordVocabulary(["<S>", "</S>", "<UNK>", "a", "a"])
+
+
+def test_vocabulary_is_built_from_streamed_plain_and_gzip_files(tmp_path):
+    plain = write_corpus(tmp_path / "a.txt", ["the cat", "the dog"])
+    packed = write_corpus(tmp_path / "b.txt.gz", ["the end", "", "cat"])
+    vocabulary = build_vocabulary([str(plain), str(packed)], get_word_tokenizer("whitespace"))
+    assert vocabulary.words == ["<S>", "</S>", "<UNK>", "the", "cat", "dog", "end"]
+
+
+def test_word_tokenizers_by_name():
+    assert get_word_tokenizer("whitespace")(["a  b\tc"]) == [["a", "b", "c"]]
+    assert get_word_tokenizer("elmo")(["Don't stop."]) == [["Don", "'t", "stop", "."]]
+    pytest.importorskip("spacy")
+    assert get_word_tokenizer("spacy:en")(["Don't  stop, U.S. friends."]) == [
+        ["Do", "n't", "stop", ",", "U.S.", "friends", "."]
+    ]
+    with pytest.raises(ValueError, match="unknown word tokenizer"):
+        get_word_tokenizer("moses")
+
+
+# -- batches -----------------------------------------------------------------------------------------------------
+
+def test_long_lines_are_cut_into_pieces_whose_inner_boundaries_are_no_targets():
+    pieces = split_line("a b c d e".split(), max_words=2)
+    assert [(p.words, p.starts_line, p.ends_line) for p in pieces] == [
+        (("a", "b"), True, False), (("c", "d"), False, False), (("e",), False, True)
+    ]
+    assert split_line([], 2) == [] and len(split_line(["a"] * 5, None)) == 1
+    vocabulary = WordVocabulary.from_counts(Counter("abcde"))
+    batch = encode_batch(pieces, ElmoCharTokenizer(), vocabulary)
+    assert batch["input_ids"].shape == (3, 4, 50)
+    a, b, c, d, e = (vocabulary.word_id(w) for w in "abcde")
+    assert batch["labels"].tolist() == [[0, a, b, -100], [-100, c, d, -100], [-100, e, 1, -100]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]]
+
+
+def test_batches_are_sorted_by_length_within_the_token_budget():
+    segments = [Segment(tuple("x" * n)) for n in (5, 1, 3, 1, 8, 2)]
+    batches = group_by_length(segments, batch_tokens=14)
+    assert [[len(s.words) for s in batch] for batch in batches] == [[1, 1, 2], [3, 5], [8]]
+    assert all(len(b) * (len(b[-1].words) + 2) <= 14 for b in batches[:-1])
+
+
+def lines_of(dataset: LMBatches, epoch: int = 0) -> list[str]:
+    """The first words of every sequence of one epoch (the numbered lines)."""
+    dataset.set_position(DataPosition(epoch))
+    tokenizer = ElmoCharTokenizer()
+    return [tokenizer.char_ids_to_word(row[1]) for batch in dataset for row in batch["input_ids"]]
+
+
+@pytest.mark.parametrize("n_files", [1, 4])
+def test_each_process_reads_its_own_part_and_together_all_of_the_data(tmp_path, n_files):
+    lines = numbered_lines(40)
+    files = [str(write_corpus(tmp_path / f"shard-{i}.txt.gz", lines[i::n_files])) for i in range(n_files)]
+    vocabulary = WordVocabulary.from_counts(Counter(w for line in lines for w in line.split()))
+
+    def dataset(rank: int, world_size: int, seed: int = 0) -> LMBatches:
+        return LMBatches(files, get_word_tokenizer("whitespace"), vocabulary, ElmoCharTokenizer(), batch_tokens=30,
+                         block_lines=7, seed=seed, rank=rank, world_size=world_size)
+
+    parts = [lines_of(dataset(rank, 2)) for rank in range(2)]
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == sorted(f"w{i}" for i in range(40))
+    if n_files == 4:  # whole files per process, in an order that changes with the epoch
+        assert len(parts[0]) == len(parts[1]) == 20
+        assert dataset(0, 2).epoch_files(0) != dataset(0, 2).epoch_files(1)
+    single = dataset(0, 1)
+    assert lines_of(single, 0) == lines_of(dataset(0, 1), 0)  # deterministic for a seed
+    assert lines_of(single, 0) != lines_of(single, 1) != lines_of(dataset(0, 1, seed=1), 1)
+
+
+def test_a_data_position_resumes_the_exact_remaining_batches(tmp_path):
+    lines = numbered_lines(60, words=3) + numbered_lines(20, words=5)
+    path = write_corpus(tmp_path / "corpus.txt", lines)
+    vocabulary = WordVocabulary.from_counts(Counter(w for line in lines for w in line.split()))
+    dataset = LMBatches([str(path)], get_word_tokenizer("whitespace"), vocabulary, ElmoCharTokenizer(),
+                        batch_tokens=40, block_lines=25, seed=3)
+    dataset.set_position(DataPosition(2))
+    batches = list(dataset)
+    for index in (0, 5, len(batches) - 1):
+        dataset.set_position(DataPosition(*batches[index]["position"]))
+        rest = list(dataset)
+        assert len(rest) == len(batches) - index - 1
+        for expected, actual in zip(batches[index + 1 :], rest):
+            assert torch.equal(expected["input_ids"], actual["input_ids"])
+            assert expected["position"] == actual["position"]
+
+
+# -- the objective -----------------------------------------------------------------------------------------------
+
+def toy_batch(vocabulary: WordVocabulary) -> dict[str, torch.Tensor]:
+    segments = [s for line in toy_lines()[:3] for s in split_line(line.split(), None)]
+    return encode_batch(segments, ElmoCharTokenizer(max_characters_per_token=10), vocabulary)
+
+
+def test_the_objective_counts_every_real_target_once_whatever_the_padding():
+    vocabulary = WordVocabulary.load(require(TOY / "vocab.txt"))
+    torch.manual_seed(0)
+    lm = ElmoForBidirectionalLM(ElmoConfig(**json.loads(TOY_MODEL), vocab_size=len(vocabulary))).eval()
+    objective = BidirectionalLMLoss(lm, num_sampled=16).eval()  # evaluation: always the full softmax
+    batch = toy_batch(vocabulary)
+    output = objective(**batch)
+    n_targets = int(batch["attention_mask"].sum()) - len(batch["labels"])  # words + one </S> per line
+    assert int(output.n_targets) == n_targets
+    torch.testing.assert_close(0.5 * (output.forward_loss_sum + output.backward_loss_sum) / n_targets, output.loss)
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    rows = [{key: value[i : i + 1, :length] for key, value in batch.items()} for i, length in enumerate(lengths)]
+    alone = [objective(**row) for row in rows]
+    torch.testing.assert_close(output.forward_loss_sum, sum(row.forward_loss_sum for row in alone))
+    torch.testing.assert_close(output.backward_loss_sum, sum(row.backward_loss_sum for row in alone))
+    torch.testing.assert_close(alone[0].loss, lm(**rows[0]).loss)  # the model's own loss, without padding
+
+
+def test_log_uniform_candidates_are_distinct_and_zipfian():
+    torch.manual_seed(0)
+    candidates, tries = log_uniform_candidates(50, 1000)
+    assert len(set(candidates.tolist())) == 50 and tries >= 50
+    assert 0 <= int(candidates.min()) and int(candidates.max()) < 1000
+    draws = torch.cat([log_uniform_candidates(1, 1000)[0] for _ in range(4000)])
+    expected = log_uniform_probability(torch.arange(3), 1000)
+    observed = torch.stack([(draws == k).double().mean() for k in range(3)])
+    torch.testing.assert_close(observed, expected, atol=0.015, rtol=0)
+    with pytest.raises(ValueError, match="num_sampled"):
+        log_uniform_candidates(1000, 1000)
+
+
+def test_sampled_softmax_removes_a_candidate_equal_to_the_target(monkeypatch):
+    torch.manual_seed(0)
+    hidden, weight, bias = torch.randn(2, 4), torch.randn(10, 4), torch.randn(10)
+    targets = torch.tensor([3, 7])
+
+    def loss_with(candidates: list[int]) -> torch.Tensor:
+        monkeypatch.setattr(losses_module, "log_uniform_candidates", lambda n, v: (torch.tensor(candidates), 20))
+        return sampled_softmax_loss(hidden, targets, weight, bias, len(candidates))
+
+    with_hit, without = loss_with([3, 5, 8]), loss_with([5, 8])
+    torch.testing.assert_close(with_hit[0], without[0])  # row 0's target 3 is an accidental hit
+    assert with_hit[1] > without[1]  # for row 1, candidate 3 is a real negative
+    assert torch.isfinite(with_hit).all()
+
+
+# -- checkpoints -------------------------------------------------------------------------------------------------
+
+def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    for step in (1, 2, 3):
+        save_checkpoint(accelerator, tmp_path, step, {"step": step}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+
+    def crash(directory: str) -> None:  # killed half-way through writing
+        Path(directory).mkdir()
+        Path(directory, "model.safetensors").write_bytes(b"garbage")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(accelerator, "save_state", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(accelerator, tmp_path, 4, {"step": 4}, keep=2)
+    assert latest_checkpoint(tmp_path).name == "checkpoint-3"
+    monkeypatch.undo()
+    with torch.no_grad():
+        model.weight.zero_()
+    assert load_checkpoint(accelerator, latest_checkpoint(tmp_path)) == {"step": 3}
+    assert model.weight.abs().sum() > 0
+    remove_partial_checkpoints(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+
+
+# -- training end to end -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def toy_lm(tmp_path_factory) -> Path:
+    """bilm-tf's training test: the toy corpus, its vocabulary, a sampled softmax of 16, 50 epochs, batches of
+    2 sentences; trained through `elmo pretrain` with its validation on the training text."""
+    tmp_path = tmp_path_factory.mktemp("toy")
+    threads = torch.get_num_threads()
+    result = runner.invoke(app, ["pretrain", *toy_args(
+        tmp_path, "--num_sampled", "16", "--num_train_epochs", "50", "--batch_tokens", "60",
+        "--max_grad_norm", "1.0", "--validation_files", str(TOY / "data.txt"), "--corpus_name", "bilm-tf toy corpus",
+    )])
+    torch.set_num_threads(threads)
+    reset_accelerate()
+    assert result.exit_code == 0, result.output
+    return tmp_path / "out"
+
+
+def test_the_toy_corpus_is_learned_to_perplexity_below_20_as_in_bilm_tf(toy_lm, one_thread):
+    result = runner.invoke(app, ["evaluate", str(toy_lm), str(TOY / "data.txt"), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    assert set(metrics) == {"forward_perplexity", "backward_perplexity", "average_perplexity", "tokens"}
+    assert metrics["tokens"] == 134 + 5  # words + one </S> per line
+    assert metrics["average_perplexity"] < 20
+    average = math.exp(0.5 * (math.log(metrics["forward_perplexity"]) + math.log(metrics["backward_perplexity"])))
+    assert metrics["average_perplexity"] == pytest.approx(average)
+    state = json.loads((toy_lm / "trainer_state.json").read_text())
+    assert state["validation"] == pytest.approx(metrics)
+
+
+def test_the_trained_directory_records_tokenizer_vocabulary_and_training_in_config_and_card(toy_lm):
+    lm = ElmoForBidirectionalLM.from_pretrained(toy_lm)
+    assert lm.config.word_tokenizer == "whitespace" and lm.config.word_vocab_file == "vocab.txt"
+    assert WordVocabulary.from_pretrained(toy_lm).words == WordVocabulary.load(TOY / "vocab.txt").words
+    assert lm.config.vocab_size == 32
+    assert ElmoCharTokenizer.from_pretrained(toy_lm).max_characters_per_token == 10
+    card = (toy_lm / "README.md").read_text()
+    state = json.loads((toy_lm / "trainer_state.json").read_text())
+    for text in ("bilm-tf toy corpus", "`whitespace`", "32 words", "16 log-uniform candidates",
+                 f"{state['step']:,} optimizer steps", f"average {state['validation']['average_perplexity']:.2f}"):
+        assert text in card
+    assert state["step"] == 150  # 50 epochs of 3 batches
+    assert [p.name for p in list_checkpoints(toy_lm / "checkpoints")] == ["checkpoint-150"]
+
+
+def test_fine_tuning_a_bilm_keeps_its_vocabulary_and_tokenizer(toy_lm, tmp_path, one_thread):
+    domain = write_corpus(tmp_path / "domain.txt", ["neural networks make language models .", "a new word ."])
+    output = train(parse_arguments([
+        "--train_files", str(domain), "--init_model", str(toy_lm), "--output_dir", str(tmp_path / "tuned"),
+        "--max_steps", "4", "--threads", "1",
+    ]))
+    assert WordVocabulary.from_pretrained(output).words == WordVocabulary.from_pretrained(toy_lm).words
+    tuned = ElmoForBidirectionalLM.from_pretrained(output)
+    assert tuned.config.word_tokenizer == "whitespace"
+    before = ElmoForBidirectionalLM.from_pretrained(toy_lm)
+    assert not torch.equal(tuned.elmo.char_cnn.char_embedding.weight, before.elmo.char_cnn.char_embedding.weight)
+    assert "(fine-tuned)" in (output / "README.md").read_text()
+
+
+def test_an_encoder_without_softmax_gets_a_new_softmax_trained_first(tmp_path, one_thread):
+    torch.manual_seed(0)
+    encoder = ElmoModel(ElmoConfig(**json.loads(TOY_MODEL)))
+    encoder.save_pretrained(tmp_path / "encoder")
+    args = ["--train_files", str(require(TOY / "data.txt")), "--init_model", str(tmp_path / "encoder"),
+            "--word_tokenizer", "whitespace", "--min_count", "2", "--threads", "1", "--learning_rate", "0.1"]
+    frozen = train(parse_arguments([*args, "--output_dir", str(tmp_path / "a"), "--max_steps", "3",
+                                    "--softmax_only_steps", "3"]))
+    lm = ElmoForBidirectionalLM.from_pretrained(frozen)
+    for name, weight in encoder.state_dict().items():
+        assert torch.equal(lm.elmo.state_dict()[name], weight), name  # only the softmax was trained
+    counts = Counter(" ".join(toy_lines()).split())
+    assert lm.config.vocab_size == 3 + sum(1 for c in counts.values() if c >= 2)
+    assert lm.softmax.weight.std() < 1  # bilm-tf's N(0, 1/sqrt(P)) initialisation, then trained
+    reset_accelerate()
+    then_all = train(parse_arguments([*args, "--output_dir", str(tmp_path / "b"), "--max_steps", "4",
+                                      "--softmax_only_steps", "2"]))
+    lm = ElmoForBidirectionalLM.from_pretrained(then_all)
+    assert not torch.equal(lm.elmo.char_cnn.char_embedding.weight, encoder.char_cnn.char_embedding.weight)
+    assert "with a new softmax" in (then_all / "README.md").read_text()
+
+
+def test_gradient_accumulation_and_bf16_autocast_on_cpu(tmp_path, one_thread):
+    output = train(parse_arguments(toy_args(
+        tmp_path, "--cpu", "--mixed_precision", "bf16", "--gradient_accumulation_steps", "2", "--max_steps", "3",
+        "--batch_tokens", "60", "--num_sampled", "8",
+    )))
+    state = json.loads((output / "trainer_state.json").read_text())
+    assert state["step"] == 3
+    assert state["processes"][0]["sequences"] >= 6  # two batches of at least one sentence per step
+    assert torch.isfinite(ElmoForBidirectionalLM.from_pretrained(output).softmax.weight).all()
+
+
+def run_pretrain(args: list[str], log: Path) -> subprocess.Popen:
+    """`elmo pretrain ARGS` in a new process, its output in `log`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "hf_elmo.training", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def test_resume_after_sigkill_continues_exactly(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.txt", toy_lines() * 20)
+    args = ["--train_files", str(corpus), "--vocab_file", str(require(TOY / "vocab.txt")), "--word_tokenizer",
+            "whitespace", "--model_config", TOY_MODEL, "--threads", "1", "--batch_tokens", "120", "--num_sampled",
+            "8", "--num_train_epochs", "4", "--save_steps", "5", "--save_total_limit", "2", "--num_workers", "1",
+            "--logging_steps", "1000"]
+    reference = run_pretrain([*args, "--output_dir", str(tmp_path / "reference")], tmp_path / "reference.log")
+
+    killed_dir = tmp_path / "killed"
+    killed = run_pretrain([*args, "--output_dir", str(killed_dir)], tmp_path / "killed.log")
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(killed_dir / "checkpoints") is None or latest_checkpoint(
+        killed_dir / "checkpoints"
+    ).name == "checkpoint-5":
+        assert killed.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert not (killed_dir / "config.json").exists()  # killed mid-training
+    steps = [int(p.name.split("-")[1]) for p in list_checkpoints(killed_dir / "checkpoints")]
+    assert steps and steps[-1] >= 10
+
+    resumed = run_pretrain([*args, "--output_dir", str(killed_dir), "--resume"], tmp_path / "resumed.log")
+    assert resumed.wait(timeout=300) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert reference.wait(timeout=300) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    assert "Resuming from" in (tmp_path / "resumed.log").read_text()
+    expected, actual = (load_file(d / "model.safetensors") for d in (tmp_path / "reference", killed_dir))
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    states = [json.loads((d / "trainer_state.json").read_text()) for d in (tmp_path / "reference", killed_dir)]
+    assert states[0]["step"] == states[1]["step"] and states[0]["tokens"] == states[1]["tokens"]
+    assert not [p for p in (killed_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_two_processes_read_their_own_part_and_keep_their_weights_in_sync(tmp_path):
+    lines = numbered_lines(40)
+    files = [write_corpus(tmp_path / f"part-{i}.txt", lines[i::2]) for i in range(2)]
+    valid = write_corpus(tmp_path / "valid.txt", numbered_lines(7, words=3))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "hf_elmo.training", "--cpu", "--train_files", *map(str, files), "--validation_files", str(valid),
+        "--word_tokenizer", "whitespace", "--model_config", TOY_MODEL, "--batch_tokens", "30", "--num_train_epochs",
+        "2", "--output_dir", str(tmp_path / "out"), "--threads", "1", "--logging_steps", "2", "--num_sampled", "4",
+    ]
+    # A session of its own, so that a hang never leaves a worker process behind.
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 0, stderr[-3000:]
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    processes = state["processes"]
+    assert len(processes) == 2
+    assert processes[0]["parameter_sum"] == processes[1]["parameter_sum"]  # gradients were averaged
+    assert [p["sequences"] for p in processes] == [40, 40]  # 20 lines (one file) per process per epoch
+    assert state["step"] == 2 * 4  # 20 lines of 6 positions, 5 per batch
+    local = evaluate_model(str(tmp_path / "out"), [str(valid)])  # one process, the same sums
+    assert state["validation"] == pytest.approx(local)
+
+
+# -- command line and Hub ----------------------------------------------------------------------------------------
+
+def test_build_vocab_writes_the_vocabulary_and_reports_its_coverage(tmp_path):
+    corpus = write_corpus(tmp_path / "c.txt.gz", ["a b b c c c", "c d"])
+    result = runner.invoke(app, ["build-vocab", str(corpus), "-o", str(tmp_path / "v.txt"), "--word-tokenizer",
+                                 "whitespace", "--min-count", "2"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "v.txt").read_text().split() == ["<S>", "</S>", "<UNK>", "c", "b"]
+    assert "5 entries covering 75.00% of 8 words" in result.stdout
+    missing = runner.invoke(app, ["build-vocab", str(tmp_path / "none*.txt"), "-o", str(tmp_path / "x.txt")])
+    assert missing.exit_code == 1 and "no file matches" in missing.stderr
+
+
+def test_evaluate_fails_cleanly_on_a_model_without_softmax(tmp_path):
+    ElmoModel(ElmoConfig(**json.loads(TOY_MODEL))).save_pretrained(tmp_path / "encoder")
+    result = runner.invoke(app, ["evaluate", str(tmp_path / "encoder"), str(require(TOY / "data.txt"))])
+    assert result.exit_code == 1 and "has no word softmax" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_pretrain_rejects_bad_arguments(tmp_path):
+    with pytest.raises(SystemExit):
+        parse_arguments(["--output_dir", str(tmp_path)])  # no training files
+    with pytest.raises(SystemExit):
+        parse_arguments(["--train_files", "x", "--output_dir", "y", "--lr_scheduler", "linear"])  # needs max_steps
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("train_files: [a.txt]\noutput_dir: out\nmodel_config: {lstm_dim: 32}\nmax_steps: 5\n")
+    args = parse_arguments([str(recipe), "--max_steps", "7"])
+    assert (args.train_files, args.max_steps, json.loads(args.model_config)) == (["a.txt"], 7, {"lstm_dim": 32})
+    recipe.write_text("train_files: [a.txt]\nlearning_rte: 1\n")
+    with pytest.raises(SystemExit):
+        parse_arguments([str(recipe)])
+
+
+def test_the_trained_directory_is_pushed_with_its_vocabulary_and_evaluated_from_the_hub(
+    toy_lm, fake_hub: FakeHub, tmp_path, one_thread
+):
+    from hf_elmo.training.card import push_trained_model
+
+    push_trained_model(toy_lm, "org/toy-bilm")
+    files = set(list_repo_files("org/toy-bilm"))
+    assert {"config.json", "model.safetensors", "vocab.txt", "README.md", "tokenizer_config.json"} <= files
+    assert not any(name.startswith("checkpoints/") for name in files)
+    corpus = [str(TOY / "data.txt")]
+    assert evaluate_model("org/toy-bilm", corpus) == evaluate_model(str(toy_lm), corpus)
