@@ -231,7 +231,7 @@ class ElmoLstmLayer(nn.Module):
                     h = torch.bmm(h, w_projection)
                 if self.proj_clip is not None:
                     h = h.clamp(-self.proj_clip, self.proj_clip)
-                outputs.append(F.pad(h, (0, 0, 0, batch - n)))
+                outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
         if not outputs:
             return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
         # Rows are sorted by length: those still active come first, then those that ended latest.
