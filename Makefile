@@ -1,4 +1,5 @@
-# Quick start: `make test` (set up and pass the tests). Each target makes its own virtualenv.
+# Quick start: `make demo` (set up and run the demo on the embedded English model), `make test` (set up and pass
+# the tests). Both make the virtualenv when it is missing.
 PYTHON ?= python3
 VENV ?= .venv
 # torch is installed first, pinned, when the virtualenv has none (an unpinned torch pulls GBs of CUDA
@@ -6,12 +7,15 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: venv test lint bench
+.PHONY: venv demo test bench
 
 venv:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH_SPEC)
 	$(BIN)/pip install --quiet -e ".[dev]"
+
+demo: venv
+	$(BIN)/elmo demo
 
 test: venv
 	$(BIN)/ruff check hf_elmo spacy_elmo tests benchmarks

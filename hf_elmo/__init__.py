@@ -1,5 +1,7 @@
 """ELMo biLM as a Hugging Face model: config, character tokenizer, models, and Auto* registration."""
 
+from pathlib import Path
+
 from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTokenizer
 
 from .configuration_elmo import PRESETS, ElmoConfig
@@ -24,7 +26,12 @@ AutoTokenizer.register(ElmoConfig, tokenizer_class=ElmoCharTokenizer, exist_ok=T
 
 __version__ = "0.1.0"
 
+# The English biLM shipped inside the package (see its README.md): a save_pretrained directory for
+# `AutoModel.from_pretrained(DEFAULT_MODEL)` / `AutoTokenizer.from_pretrained(DEFAULT_MODEL)`, offline.
+DEFAULT_MODEL = str(Path(__file__).parent / "default_model")
+
 __all__ = [
+    "DEFAULT_MODEL",
     "PRESETS",
     "ElmoBidirectionalLMOutput",
     "ElmoCharTokenizer",

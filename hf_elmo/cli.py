@@ -1,5 +1,5 @@
-"""The `elmo` command line: `convert`, `export-hdf5`, `info`, `embed`, and for training `build-vocab`, `pretrain` and
-`evaluate`.
+"""The `elmo` command line: `convert`, `export-hdf5`, `info`, `embed`, `demo`, and for training `build-vocab`,
+`pretrain`, `evaluate` and `export-encoder`.
 
 Thin wrappers around `hf_elmo.convert`, `hf_elmo.embed` and `hf_elmo.training`; expected failures (missing files,
 bad options) end with a one-line `Error: ...` on stderr and exit code 1 (2 for usage errors), never a traceback.
@@ -17,6 +17,7 @@ import typer
 from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
+from . import DEFAULT_MODEL, hub
 from . import convert as legacy
 from .configuration_elmo import ElmoConfig
 from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, embed_file
@@ -29,6 +30,9 @@ app = typer.Typer(
     rich_markup_mode="markdown",
     pretty_exceptions_show_locals=False,
 )
+
+
+MODEL_HELP = "A save_pretrained directory, a Hub model id, or `default` (the English model shipped with the package)."
 
 
 class LayerMode(str, Enum):
@@ -50,7 +54,10 @@ def _fail(message: str) -> NoReturn:
 
 
 def _model_location(name: str) -> str:
-    """`name` if it is an existing directory or could be a Hub id (`name` or `org/name`); fail otherwise."""
+    """`name` if it is an existing directory or could be a Hub id (`name` or `org/name`), the directory of the
+    embedded English model for `default`; fail otherwise."""
+    if name == "default":
+        return DEFAULT_MODEL
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)
@@ -118,7 +125,7 @@ def convert(
 
 @app.command("export-hdf5")
 def export_hdf5(
-    model_dir: Annotated[str, typer.Argument(metavar="MODEL_DIR", help="A save_pretrained directory or Hub model id.")],
+    model_dir: Annotated[str, typer.Argument(metavar="MODEL_DIR", help=MODEL_HELP)],
     out_prefix: Annotated[str, typer.Argument(metavar="OUT_PREFIX", help="Prefix of the two files, e.g. `out/elmo_`.")],
 ) -> None:
     """Write `<OUT_PREFIX>options.json` and `<OUT_PREFIX>weights.hdf5` in the original layout (readable by
@@ -132,9 +139,30 @@ def export_hdf5(
         typer.echo(path)
 
 
+@app.command("export-encoder")
+def export_encoder(
+    trained_dir: Annotated[Path, typer.Argument(help="A directory written by `elmo pretrain` (with a softmax).")],
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the encoder's save_pretrained directory.")],
+    note: Annotated[
+        str | None, typer.Option(help="A paragraph added to the card's source section, e.g. hardware and time.")
+    ] = None,
+    remote_code: Annotated[
+        bool, typer.Option(help="Include the modeling code for `trust_remote_code` loading (for the Hub).")
+    ] = True,
+) -> None:
+    """Save the biLM of TRAINED_DIR without its word softmax (model, tokenizer, card keeping the training record
+    and perplexities), e.g. to ship or publish a smaller model for embedding. Prints the directory."""
+    if not trained_dir.is_dir():
+        _fail(f"model directory {trained_dir} does not exist")
+    try:
+        typer.echo(hub.export_encoder(trained_dir, out_dir, note, remote_code))
+    except (OSError, ValueError) as error:
+        _fail(str(error))
+
+
 @app.command()
 def info(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="A save_pretrained directory or Hub model id.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Print the config (every field) and the parameter count of each part of the biLM."""
@@ -165,7 +193,7 @@ def _parse_weights(weights: str) -> list[float]:
 
 @app.command()
 def embed(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="A save_pretrained directory or Hub model id.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     input_file: Annotated[str, typer.Argument(metavar="INPUT", help="Text file, one sentence per line; `-`: stdin.")],
     output_file: Annotated[Path, typer.Argument(metavar="OUTPUT", help="`.hdf5`, `.h5` or `.npy` file.")],
     tokenized: Annotated[
@@ -270,6 +298,15 @@ def embed(
         _fail(str(error))
     if not quiet:
         typer.echo(f"{count} sentences written to {output_file}", err=True)
+
+
+@app.command()
+def demo() -> None:
+    """Show the English model shipped with the package at work (offline): the same word gets different vectors
+    in different contexts ("bank", "play"), then the spaCy component."""
+    from .demo import main as run_demo
+
+    run_demo(typer.echo)
 
 
 def _training():

@@ -45,6 +45,10 @@ class ElmoConfig(PreTrainedConfig):
         vocab_size (`int` or `None`): size of the word softmax of `ElmoForBidirectionalLM`; `None` for an
             encoder-only model (e.g. converted original weights, which ship no softmax).
         initializer_range (`float`, 0.02): unused by ELMo's own init (see `_init_weights`), kept for HF tools.
+
+    A model trained with `elmo pretrain` also records `word_tokenizer` (how raw text was split into words for
+    training: `spacy:en`, `elmo` or `whitespace`; apply the same at inference) and `word_vocab_file` (the file
+    naming the softmax rows, `vocab.txt`; absent once the softmax is dropped with `elmo export-encoder`).
     """
 
     model_type = "elmo"

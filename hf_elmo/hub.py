@@ -7,6 +7,7 @@ tokenizer and card in one commit.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -16,6 +17,7 @@ import torch
 from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelCardData
 
 from .configuration_elmo import ElmoConfig
+from .modeling_elmo import ElmoModel
 from .tokenization_elmo import ElmoCharTokenizer
 
 _CARD_TEMPLATE = """---
@@ -198,6 +200,50 @@ def replace_generic_model_card(
         revision=commit.pr_revision or revision,
         commit_message="Add the ELMo model card",
     )
+
+
+def export_encoder(
+    trained_dir: str | os.PathLike, output_dir: str | os.PathLike, note: str | None = None, remote_code: bool = True
+) -> Path:
+    """Save the biLM of an `ElmoForBidirectionalLM` directory without its word softmax (what downstream users need).
+
+    Writes model, tokenizer and a card into `output_dir`. The card keeps the trained card's "Source of the weights"
+    (corpus, tokenizer, steps, perplexities measured with the softmax), adds that the softmax was dropped and then
+    `note` (e.g. the hardware and training time). `config.word_tokenizer` is kept; `vocab_size` and
+    `word_vocab_file` are removed. With `remote_code=False` the directory holds no copy of the modeling code and no
+    `auto_map` (it then loads only where `hf_elmo` is imported, e.g. the model shipped inside the package).
+    Returns `output_dir`.
+    """
+    trained_dir, output_dir = Path(trained_dir), Path(output_dir)
+    config = ElmoConfig.from_pretrained(trained_dir)
+    if not config.vocab_size:
+        raise ValueError(f"{trained_dir} holds no word softmax (config.vocab_size is {config.vocab_size})")
+    model = ElmoModel.from_pretrained(trained_dir)
+    model.config.vocab_size = None
+    if hasattr(model.config, "word_vocab_file"):
+        del model.config.word_vocab_file
+    readme = trained_dir / "README.md"
+    source = (card_source(readme.read_text(encoding="utf-8")) if readme.is_file() else None) or (
+        "Not recorded: the trained directory has no model card."
+    )
+    source += (
+        f"\n\nThe word softmax ({config.vocab_size:,} words) was dropped after training with `elmo export-encoder`: "
+        "the perplexities above were measured with it; this model gives the representations only."
+    )
+    if note:
+        source += f"\n\n{note.strip()}"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    ElmoCharTokenizer.from_pretrained(trained_dir).save_pretrained(output_dir)
+    write_model_card(output_dir, model, source)
+    if not remote_code:
+        for code_file in output_dir.glob("*.py"):
+            code_file.unlink()
+        for name in ("config.json", "tokenizer_config.json"):
+            settings = json.loads((output_dir / name).read_text(encoding="utf-8"))
+            settings.pop("auto_map", None)
+            (output_dir / name).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return output_dir
 
 
 def push_to_hub(

@@ -11,7 +11,7 @@ from thinc.api import Dropout, Linear, Model, chain, with_array
 from thinc.types import Floats2d, Floats3d
 
 from .layers import ElmoListener, build_bilm, scalar_mix, standalone_bilm
-from .layers.bilm import DEFAULT_MODEL_NAME
+from .weights import DEFAULT_MODEL_NAME
 
 NO_SETTINGS = SimpleFrozenDict()
 

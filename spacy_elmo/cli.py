@@ -1,7 +1,7 @@
 """Command line: `python -m spacy_elmo init-config|convert-conll2003|convert-sst5`, and `spacy init elmo-config`
 (registered through the `spacy_cli` entry point).
 
-    python -m spacy_elmo init-config ner config.cfg --model path/to/converted-elmo
+    python -m spacy_elmo init-config ner config.cfg                 # the default English biLM; or --model DIR_OR_HUB_ID
     python -m spacy_elmo convert-conll2003 ../shared/data/conll2003/iob2/train.txt corpus/train.spacy
     python -m spacy train config.cfg --output out --paths.train corpus/train.spacy --paths.dev corpus/dev.spacy
 """
@@ -17,6 +17,7 @@ from spacy.vocab import Vocab
 from thinc.api import Config
 
 from .corpora import read_conll2003, read_sst5, write_docbin
+from .weights import model_location
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 TASKS = ("ner", "textcat")
@@ -41,13 +42,13 @@ def base_config_path(task: str) -> Path:
 
 
 def make_config(task: str, model: str | None = None) -> Config:
-    """The shipped config of `task`; with `model` (a converted biLM directory or Hub id), its path and the
-    layer width and count of that biLM (read from its config.json only)."""
+    """The shipped config of `task` (for the `"default"` biLM); with `model` (a biLM directory or Hub id), its path
+    and the layer width and count of that biLM (read from its config.json only)."""
     config = Config().from_disk(base_config_path(task), interpolate=False)
     if model:
         from hf_elmo import ElmoConfig
 
-        elmo_config = ElmoConfig.from_pretrained(model)
+        elmo_config = ElmoConfig.from_pretrained(model_location(model))
         config["paths"]["elmo_model"] = str(model)
         config["elmo"]["width"] = elmo_config.output_dim
         config["elmo"]["n_layers"] = elmo_config.num_output_layers

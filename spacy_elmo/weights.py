@@ -13,20 +13,29 @@ from typing import Any
 import torch
 from spacy.util import SimpleFrozenDict, registry
 
-from hf_elmo import ElmoConfig, ElmoModel
+from hf_elmo import DEFAULT_MODEL, ElmoConfig, ElmoModel
+
+# The name of the English biLM shipped inside `hf_elmo` (`hf_elmo.DEFAULT_MODEL`), the component's default.
+DEFAULT_MODEL_NAME = "default"
 
 WeightsLoader = Callable[[], ElmoModel]
 NO_SETTINGS = SimpleFrozenDict()
 
 
+def model_location(name: str | Path) -> str:
+    """`hf_elmo.DEFAULT_MODEL` for `"default"`, else `name` (a directory or Hub id)."""
+    return DEFAULT_MODEL if str(name) == DEFAULT_MODEL_NAME else str(name)
+
+
 def load_pretrained(name: str | Path | None, revision: str | None = None) -> ElmoModel:
-    """A converted biLM from a local `save_pretrained` directory (e.g. written by `elmo convert`) or a Hub id."""
+    """A biLM from a local `save_pretrained` directory (e.g. written by `elmo convert`), a Hub id, or `"default"`:
+    the English model shipped inside the package (`hf_elmo.DEFAULT_MODEL`)."""
     if not name:
         raise ValueError(
-            "spacy-elmo.PretrainedWeights.v1 has no `name`: give the biLM's directory or Hub id, e.g. "
-            "`--paths.elmo_model path/to/converted-elmo` with the shipped configs."
+            "spacy-elmo.PretrainedWeights.v1 has no `name`: give the biLM's directory or Hub id (or \"default\"), "
+            "e.g. `--paths.elmo_model path/to/converted-elmo` with the shipped configs."
         )
-    return ElmoModel.from_pretrained(str(name), revision=revision).eval()
+    return ElmoModel.from_pretrained(model_location(name), revision=revision).eval()
 
 
 def load_allennlp(options_file: str | Path, weight_file: str | Path) -> ElmoModel:

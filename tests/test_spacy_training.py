@@ -237,7 +237,7 @@ def test_initialize_without_weights_raises_unless_random_weights_are_asked_for(e
         nlp.initialize(lambda: examples)
     config = make_nlp(elmo_dir).config
     del config["initialize"]["components"]["elmo"]
-    with pytest.raises(ValueError, match="no default model is bundled"):
+    with pytest.raises(ValueError, match="its `name` is empty"):
         spacy.util.load_model_from_config(config).initialize(lambda: examples)
     random_weights = (
         '@misc = "spacy-elmo.RandomWeights.v1"\npreset = "small"\nconfig = {"lstm_dim": 32, "projection_dim": 16}'

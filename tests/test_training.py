@@ -329,6 +329,43 @@ def test_the_trained_directory_records_tokenizer_vocabulary_and_training_in_conf
     assert [p.name for p in list_checkpoints(toy_lm / "checkpoints")] == ["checkpoint-150"]
 
 
+@pytest.mark.parametrize("remote_code", [True, False])
+def test_export_encoder_drops_the_softmax_and_keeps_the_representations_and_the_training_record(
+    toy_lm, tmp_path, remote_code
+):
+    out = tmp_path / "encoder"
+    flag = "--remote-code" if remote_code else "--no-remote-code"
+    result = runner.invoke(app, ["export-encoder", str(toy_lm), str(out), "--note", "Trained on a toy CPU.", flag])
+    assert result.exit_code == 0, result.output
+    assert not any(name.startswith("softmax.") for name in load_file(out / "model.safetensors"))
+    encoder = ElmoModel.from_pretrained(out).eval()
+    assert encoder.config.vocab_size is None and encoder.config.word_tokenizer == "whitespace"
+    assert not hasattr(encoder.config, "word_vocab_file")
+    lm = ElmoForBidirectionalLM.from_pretrained(toy_lm).eval()
+    tokenizer = ElmoCharTokenizer.from_pretrained(out)
+    assert tokenizer.max_characters_per_token == 10
+    batch = tokenizer([["the", "toy", "corpus"], ["one"]], is_split_into_words=True, padding=True,
+                      return_tensors="pt")
+    with torch.no_grad():
+        for exported, trained in zip(encoder(**batch).hidden_states, lm.elmo(**batch).hidden_states):
+            assert torch.equal(exported, trained)
+    card = (out / "README.md").read_text()
+    state = json.loads((toy_lm / "trainer_state.json").read_text())
+    for text in ("bilm-tf toy corpus", f"average {state['validation']['average_perplexity']:.2f}",
+                 "word softmax (32 words) was dropped", "Trained on a toy CPU.", "none (encoder only)"):
+        assert text in card
+    config = json.loads((out / "config.json").read_text())
+    assert ("auto_map" in config) == remote_code
+    assert bool(list(out.glob("*.py"))) == remote_code
+
+
+def test_export_encoder_refuses_a_model_without_softmax(toy_lm, tmp_path):
+    encoder = tmp_path / "encoder"
+    assert runner.invoke(app, ["export-encoder", str(toy_lm), str(encoder)]).exit_code == 0
+    result = runner.invoke(app, ["export-encoder", str(encoder), str(tmp_path / "again")])
+    assert result.exit_code == 1 and "holds no word softmax" in result.output
+
+
 def test_fine_tuning_a_bilm_keeps_its_vocabulary_and_tokenizer(toy_lm, tmp_path, one_thread):
     domain = write_corpus(tmp_path / "domain.txt", ["neural networks make language models .", "a new word ."])
     output = train(parse_arguments([

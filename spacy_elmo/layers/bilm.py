@@ -25,11 +25,9 @@ from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel
 from ..span_getters import SpanGetter
 from ..weights import load_pretrained
 
-# Until an official default biLM is published, `name = ""` means "no source: raise with instructions".
-DEFAULT_MODEL_NAME = ""
-
 NO_WEIGHTS_ERROR = (
-    "The ELMo biLM has no weights: no default model is bundled yet. Give its source: "
+    "The ELMo biLM has no weights: its `name` is empty. Give its source: `\"default\"` (the English model shipped "
+    "with the package), a directory or a Hub id, e.g. "
     "`nlp.add_pipe(\"elmo\", config={{\"model\": {{\"name\": \"<directory or Hub id>\"}}}})`, or in a training "
     "config `[components.{component}.model] name` or `[initialize.components.{component}.weights]` "
     "(e.g. `@misc = \"spacy-elmo.PretrainedWeights.v1\"`, `\"spacy-elmo.AllenNLPWeights.v1\"`; "
