@@ -6,7 +6,8 @@
 Prints tokens/s (targets per direction = words + one `</S>` per sentence, the unit of `elmo pretrain`'s log) for
 batches of `--batch-tokens` padded positions of sentences of 10-40 words drawn from a Zipfian vocabulary, median
 of `--steps` timed steps after `--warmup` steps (forward, backward, gradient clipping, optimizer step: Adagrad, or
-the recipe's Adam).
+the recipe's Adam). Also prints the step's matmul and convolution FLOP/s (forward + backward, counted by torch's
+`FlopCounterMode`) and its fraction of the machine's float32 matmul throughput (square 2048 matmuls, same threads).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 
 import torch
 import yaml
+from torch.utils.flop_counter import FlopCounterMode
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary, encode_batch, group_by_length, split_line
@@ -37,6 +39,20 @@ def random_corpus(n_sentences: int, vocab_size: int, seed: int = 0) -> tuple[Wor
     vocabulary = WordVocabulary(["<S>", "</S>", "<UNK>", *words])
     weights = [1.0 / (k + 1) for k in range(len(words))]
     return vocabulary, [rng.choices(list(words), weights, k=rng.randint(10, 40)) for _ in range(n_sentences)]
+
+
+def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> float:
+    """The machine's float32 matmul throughput at the current thread count: best of `repeats` square matmuls."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
+def _timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -71,16 +87,22 @@ def main() -> None:
     random.Random(0).shuffle(batches)
     batches = [encode_batch(b, tokenizer, vocabulary) for b in batches[: args.warmup + args.steps]]
 
-    rates = []
+    rates, flop_rates = [], []
     for index, batch in enumerate(batches):
+        with FlopCounterMode(display=False) as counter:  # matmul and convolution FLOPs, forward and backward
+            objective(**batch).loss.backward()  # counted apart: the counter slows the step it watches
+        optimizer.zero_grad()
         start = time.perf_counter()
         output = objective(**batch)
         output.loss.backward()
         torch.nn.utils.clip_grad_norm_(objective.parameters(), 10.0)
         optimizer.step()
         optimizer.zero_grad()
+        seconds = time.perf_counter() - start
         if index >= args.warmup:
-            rates.append(int(output.n_targets) / (time.perf_counter() - start))
+            rates.append(int(output.n_targets) / seconds)
+            flop_rates.append(counter.get_total_flops() / seconds)
+    peak = matmul_flops_per_second()
     print(json.dumps({
         "model": args.recipe or args.preset,
         "parameters": sum(p.numel() for p in lm.parameters()),
@@ -89,6 +111,9 @@ def main() -> None:
         "batch_tokens": batch_tokens,
         "threads": args.threads,
         "tokens_per_second": round(statistics.median(rates)),
+        "step_gflops_per_second": round(statistics.median(flop_rates) / 1e9, 1),
+        "matmul_peak_gflops_per_second": round(peak / 1e9, 1),
+        "fraction_of_matmul_peak": round(statistics.median(flop_rates) / peak, 3),
         "cpu": platform.processor() or platform.machine(),
         "load_average": os.getloadavg()[0],
     }))

@@ -53,9 +53,9 @@ def test_doc_layers_are_the_bilm_layers_without_boundaries(nlp, elmo_dir):
     np.testing.assert_allclose(doc._.elmo_layers, reference_layers(elmo_dir, words), atol=1e-6)
 
 
-def test_add_pipe_without_a_model_says_which_config_key_to_set():
+def test_add_pipe_with_an_empty_model_name_says_which_config_key_to_set():
     nlp = spacy.blank("en")
-    nlp.add_pipe("elmo")
+    nlp.add_pipe("elmo", config={"model": {"name": ""}})
     with pytest.raises(ValueError, match=r'"model": \{"name"'):
         nlp("No weights yet.")
     with pytest.raises(ValueError, match=r"initialize\.components\.elmo\.weights"):
