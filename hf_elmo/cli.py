@@ -224,7 +224,8 @@ def embed(
     """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
 
     **Input.** Line i (0-based, split on `\\n` only; `\\r\\n` and a leading BOM are accepted) is always
-    sentence i. Raw text is split into words like the tokenizer's raw-text mode (`split_words`: punctuation,
+    sentence i. Raw text is split into words by the word tokenizer the model was trained with
+    (`config.word_tokenizer`: spaCy's English tokenizer for `default`), else by `split_words` (punctuation,
     clitics, CJK characters and emoji become words); `--tokenized` splits on whitespace only (`str.split`).
     An empty or whitespace-only line is a sentence with no words. Words longer than 48 UTF-8 bytes are cut
     by the tokenizer; NUL and control characters, emoji and CJK are ordinary characters; `<S>`/`</S>` given

@@ -24,7 +24,7 @@ from numpy.lib import format as npy_format
 from tqdm import tqdm
 
 from .modeling_elmo import ElmoModel, ElmoScalarMix
-from .tokenization_elmo import ElmoCharTokenizer, split_words
+from .tokenization_elmo import ElmoCharTokenizer, split_into_words
 
 LAYER_MODES = ("all", "top", "average", "mix")
 OUTPUT_SUFFIXES = (".hdf5", ".h5", ".npy")
@@ -102,7 +102,7 @@ class ElmoEmbedder:
             raise ValueError("batch_tokens and buffer_tokens must be >= 1")
         self.model = model.eval() if device is None else model.to(device).eval()
         self.device = next(model.parameters()).device
-        self.tokenizer = tokenizer or ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+        self.tokenizer = tokenizer or ElmoCharTokenizer.for_model(model.config)
         self.layers = layers
         self.batch_tokens = batch_tokens
         self.buffer_tokens = buffer_tokens or 4 * batch_tokens
@@ -333,7 +333,8 @@ def embed_file(
     """Embed every line of `input_file` (`"-"`: stdin) as one sentence into `output_file`; returns the line count.
 
     Line i is sentence i: an empty or whitespace-only line is a sentence without words. Lines are whitespace-
-    separated words with `tokenized=True` (`str.split`), else raw text split by `split_words`. The output appears
+    separated words with `tokenized=True` (`str.split`), else raw text split by the embedder's tokenizer's word
+    tokenizer (the model's `config.word_tokenizer`; `split_words` when it records none). The output appears
     only once complete (it is written to a hidden `.partial` file next to it first). The progress bar counts bytes.
     """
     with ExitStack() as stack:
@@ -348,7 +349,7 @@ def embed_file(
         def sentences() -> Iterator[list[str]]:
             for line in read_lines(stream, bar.update):
                 lines.append(line)
-                yield line.split() if tokenized else split_words(line)
+                yield line.split() if tokenized else split_into_words(line, embedder.tokenizer.word_tokenizer)
 
         for embedding in embedder.embed_sentences(sentences()):
             writer.add(embedding, lines.popleft())

@@ -234,7 +234,8 @@ def export_encoder(
         source += f"\n\n{note.strip()}"
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
-    ElmoCharTokenizer.from_pretrained(trained_dir).save_pretrained(output_dir)
+    word_tokenizer = getattr(model.config, "word_tokenizer", None)  # raw text split as in training
+    ElmoCharTokenizer.from_pretrained(trained_dir, word_tokenizer=word_tokenizer).save_pretrained(output_dir)
     write_model_card(output_dir, model, source)
     if not remote_code:
         for code_file in output_dir.glob("*.py"):
@@ -264,7 +265,7 @@ def push_to_hub(
     api = HfApi()
     repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
     if tokenizer is None:
-        tokenizer = ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+        tokenizer = ElmoCharTokenizer.for_model(model.config)
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)

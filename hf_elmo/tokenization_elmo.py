@@ -7,7 +7,7 @@ shifted by +1 so that an all-zero row means "no token here" (a padding position)
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,43 @@ def split_words(text: str) -> list[str]:
     return [word for chunk in text.split() for word in _WORD_SPLIT_PATTERN.findall(chunk) if not word.isspace()]
 
 
+@cache
+def spacy_tokenizer(lang: str):
+    """The tokenizer of `spacy.blank(lang)` (created once per language); needs spaCy."""
+    try:
+        import spacy
+    except ImportError:
+        raise ImportError(
+            f"the word tokenizer 'spacy:{lang}' needs spaCy: pip install 'elmo[spacy]' (or pass pre-tokenized words "
+            "with is_split_into_words=True)"
+        ) from None
+    return spacy.blank(lang).tokenizer
+
+
+def split_words_with_spacy(text: str, lang: str) -> list[str]:
+    """The words of `text` by the tokenizer of `spacy.blank(lang)`, whitespace tokens dropped (as the spaCy
+    component feeds the biLM)."""
+    return [token.text for token in spacy_tokenizer(lang)(text) if not token.is_space]
+
+
+def check_word_tokenizer(name: str | None) -> None:
+    """Fail on a word tokenizer name other than `None`, `"elmo"`, `"whitespace"` or `"spacy:<lang>"`."""
+    if name not in (None, "elmo", "whitespace") and not (name.startswith("spacy:") and len(name) > len("spacy:")):
+        raise ValueError(
+            f"unknown word tokenizer {name!r}; use 'whitespace', 'elmo' or 'spacy:<lang>' (e.g. 'spacy:en')"
+        )
+
+
+def split_into_words(text: str, word_tokenizer: str | None) -> list[str]:
+    """Split one raw text into words with the word tokenizer called `word_tokenizer` (see `check_word_tokenizer`):
+    `None` or `"elmo"`: `split_words`; `"whitespace"`: `str.split`; `"spacy:<lang>"`: `split_words_with_spacy`."""
+    if word_tokenizer is None or word_tokenizer == "elmo":
+        return split_words(text)
+    if word_tokenizer == "whitespace":
+        return text.split()
+    return split_words_with_spacy(text, word_tokenizer[len("spacy:") :])
+
+
 # Shared int objects for the ids (CPython caches only ints up to 256), so cached rows stay small.
 _ID_OBJECTS = tuple(range(PADDING_CHAR + 2))
 
@@ -61,14 +98,18 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
     `attention_mask` of shape `(batch, words)`; with `add_special_tokens=True` (default) every sentence gets a
     `<S>` row before its first word and a `</S>` row after its last word, as the biLM expects.
 
-    Input is raw text (split by `split_words`: Moses-style, clitics and punctuation split off) or pre-tokenized
-    words with `is_split_into_words=True`. Words are cut to their first `max_characters_per_token - 2` UTF-8
-    bytes (possibly inside a multi-byte character, as the original). An empty word is a valid token with no
-    characters; lone surrogates are kept as their UTF-8-style bytes; empty or whitespace-only text is a sentence
-    with no words (`<S> </S>` only). Padding is always on the right; padded positions are rows of zeros.
+    Input is raw text, split into words by the model's word tokenizer (`word_tokenizer`; by default `split_words`:
+    Moses-style, clitics and punctuation split off), or pre-tokenized words with `is_split_into_words=True`. Words
+    are cut to their first `max_characters_per_token - 2` UTF-8 bytes (possibly inside a multi-byte character, as
+    the original). An empty word is a valid token with no characters; lone surrogates are kept as their UTF-8-style
+    bytes; empty or whitespace-only text is a sentence with no words (`<S> </S>` only). Padding is always on the
+    right; padded positions are rows of zeros.
 
     Args:
         max_characters_per_token (`int`, 50): character slots per word, markers included.
+        word_tokenizer (`str`, optional): how raw text is split into words, the one the model was trained with:
+            `"elmo"` (`split_words`, the default), `"whitespace"`, or `"spacy:<lang>"` (spaCy's tokenizer, e.g.
+            `"spacy:en"` for the English model shipped with the package; needs spaCy).
         bos_token (`str`, `"<S>"`), eos_token (`str`, `"</S>"`): the sentence boundary pseudo-words; the same
             strings inside the input are encoded as boundaries too (AllenNLP's behaviour).
         pad_token (`str`, `"<pad>"`), unk_token (`str`, `"<UNK>"`): pseudo tokens for HF tooling; characters
@@ -86,6 +127,7 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         eos_token: str = "</S>",
         pad_token: str = "<pad>",
         unk_token: str = "<UNK>",
+        word_tokenizer: str | None = None,
         **kwargs,
     ):
         if max_characters_per_token < 3:
@@ -93,13 +135,24 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         if kwargs.get("padding_side", "right") != "right":
             raise ValueError("ElmoCharTokenizer pads on the right only")
         self.max_characters_per_token = max_characters_per_token
+        check_word_tokenizer(word_tokenizer)
+        self.word_tokenizer = word_tokenizer
         super().__init__(
             max_characters_per_token=max_characters_per_token,
+            word_tokenizer=word_tokenizer,
             bos_token=bos_token,
             eos_token=eos_token,
             pad_token=pad_token,
             unk_token=unk_token,
             **kwargs,
+        )
+
+    @classmethod
+    def for_model(cls, config) -> ElmoCharTokenizer:
+        """The tokenizer matching an `ElmoConfig`: its `max_characters_per_token` and recorded `word_tokenizer`."""
+        return cls(
+            max_characters_per_token=config.max_characters_per_token,
+            word_tokenizer=getattr(config, "word_tokenizer", None),
         )
 
     # -- vocabulary: characters need none; the special pseudo tokens live in added_tokens ----------------
@@ -114,7 +167,7 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         return ()
 
     def _tokenize(self, text: str, **kwargs) -> list[str]:
-        return split_words(text)
+        return split_into_words(text, self.word_tokenizer)
 
     # -- encoding -----------------------------------------------------------------------------------------
     def word_to_char_ids(self, word: str) -> tuple[int, ...]:
@@ -134,7 +187,7 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
             return list(text)
         if not isinstance(text, str):
             raise TypeError(f"expected a str (or is_split_into_words=True for word lists), got {type(text).__name__}")
-        return split_words(text)
+        return split_into_words(text, self.word_tokenizer)
 
     def _encode_plus(
         self,

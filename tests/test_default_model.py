@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import spacy
 import torch
@@ -67,6 +68,15 @@ def test_the_default_model_loads_offline_with_the_auto_classes_in_a_fresh_proces
     with torch.no_grad():
         expected = model(**batch).hidden_states[-1][0]
     torch.testing.assert_close(torch.tensor(top), expected, atol=1e-6, rtol=0)
+
+
+def test_raw_text_is_split_like_the_training_text_by_spacy_english_tokenizer(tokenizer, tmp_path):
+    assert tokenizer.word_tokenizer == "spacy:en"
+    assert tokenizer.tokenize("I don't know.") == ["I", "do", "n't", "know", "."]
+    (tmp_path / "in.txt").write_text("I don't know.\n")
+    result = runner.invoke(app, ["embed", "default", str(tmp_path / "in.txt"), str(tmp_path / "out.npy"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert np.load(tmp_path / "out.offsets.npy").tolist() == [0, 5]
 
 
 def test_the_card_says_how_the_model_was_trained_and_what_it_scores():

@@ -1,5 +1,7 @@
 """ElmoCharTokenizer: the original character ids, raw-text splitting, padding, odd input, save/load."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -176,3 +178,21 @@ def test_save_load_and_auto_tokenizer(tmp_path):
     text = "A sentence, with punctuation!"
     np.testing.assert_array_equal(loaded(text, return_tensors="np")["input_ids"],
                                   tokenizer(text, return_tensors="np")["input_ids"])
+
+
+def test_raw_text_is_split_by_the_word_tokenizer_the_model_was_trained_with(tmp_path):
+    text = "I don't know.  Really?"
+    spacy_tokenizer = ElmoCharTokenizer(word_tokenizer="spacy:en")
+    assert spacy_tokenizer.tokenize(text) == ["I", "do", "n't", "know", ".", "Really", "?"]
+    assert ElmoCharTokenizer().tokenize(text) == split_words(text) == ["I", "don", "'t", "know", ".", "Really", "?"]
+    assert ElmoCharTokenizer(word_tokenizer="whitespace").tokenize(text) == ["I", "don't", "know.", "Really?"]
+    batch = spacy_tokenizer([text], return_tensors="pt")
+    assert spacy_tokenizer.decode(batch["input_ids"][0], skip_special_tokens=True) == "I do n't know . Really ?"
+    spacy_tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded.word_tokenizer == "spacy:en" and reloaded.tokenize(text) == spacy_tokenizer.tokenize(text)
+    assert pickle.loads(pickle.dumps(spacy_tokenizer)).tokenize(text) == spacy_tokenizer.tokenize(text)
+    config = ElmoConfig(lstm_dim=8, projection_dim=4, filters=[[1, 4]], word_tokenizer="whitespace")
+    assert ElmoCharTokenizer.for_model(config).word_tokenizer == "whitespace"
+    with pytest.raises(ValueError, match="unknown word tokenizer 'moses'"):
+        ElmoCharTokenizer(word_tokenizer="moses")

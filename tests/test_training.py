@@ -343,7 +343,7 @@ def test_export_encoder_drops_the_softmax_and_keeps_the_representations_and_the_
     assert not hasattr(encoder.config, "word_vocab_file")
     lm = ElmoForBidirectionalLM.from_pretrained(toy_lm).eval()
     tokenizer = ElmoCharTokenizer.from_pretrained(out)
-    assert tokenizer.max_characters_per_token == 10
+    assert tokenizer.max_characters_per_token == 10 and tokenizer.word_tokenizer == "whitespace"
     batch = tokenizer([["the", "toy", "corpus"], ["one"]], is_split_into_words=True, padding=True,
                       return_tensors="pt")
     with torch.no_grad():

@@ -84,7 +84,7 @@ def evaluate_model(
         expand_files(files),
         get_word_tokenizer(word_tokenizer),
         vocabulary,
-        ElmoCharTokenizer(max_characters_per_token=config.max_characters_per_token),
+        ElmoCharTokenizer.for_model(config),
         batch_tokens=batch_tokens,
         max_words=max_words,
         shuffle=False,

@@ -237,7 +237,7 @@ def train(args: PretrainArguments) -> Path:
     lm, vocabulary, started_from = load_model(args, init_config, accelerator, word_tokenizer_name)
     lm.config.word_tokenizer = word_tokenizer_name
     lm.config.word_vocab_file = VOCAB_FILE
-    char_tokenizer = ElmoCharTokenizer(max_characters_per_token=lm.config.max_characters_per_token)
+    char_tokenizer = ElmoCharTokenizer.for_model(lm.config)
     word_tokenizer = get_word_tokenizer(word_tokenizer_name)
     train_files = expand_files(args.train_files)
     validation_files = expand_files(args.validation_files) if args.validation_files else []

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..tokenization_elmo import split_words
+from ..tokenization_elmo import check_word_tokenizer, spacy_tokenizer, split_words
 
 # A word tokenizer splits a list of lines into a list of word lists (batched: spaCy tokenizes in batches).
 WordTokenizer = Callable[[Sequence[str]], list[list[str]]]
@@ -37,15 +37,8 @@ class SpacyWordTokenizer:
     """The tokenizer of `spacy.blank(lang)`; whitespace tokens are dropped, as in the spaCy ELMo component."""
 
     def __init__(self, lang: str):
-        try:
-            import spacy
-        except ImportError:
-            raise ImportError(
-                f"the word tokenizer 'spacy:{lang}' needs spaCy: pip install 'elmo[spacy]' "
-                "(or choose --word_tokenizer whitespace / elmo)"
-            ) from None
         self.lang = lang
-        self.tokenizer = spacy.blank(lang).tokenizer
+        self.tokenizer = spacy_tokenizer(lang)
 
     def __call__(self, lines: Sequence[str]) -> list[list[str]]:
         return [[token.text for token in doc if not token.is_space] for doc in self.tokenizer.pipe(lines)]
@@ -56,13 +49,12 @@ class SpacyWordTokenizer:
 
 def get_word_tokenizer(name: str) -> WordTokenizer:
     """The word tokenizer called `name`: `"whitespace"`, `"elmo"` or `"spacy:<lang>"` (see the module docstring)."""
+    check_word_tokenizer(name)
     if name == "whitespace":
         return _whitespace
     if name == "elmo":
         return _elmo
-    if name.startswith("spacy:") and len(name) > len("spacy:"):
-        return SpacyWordTokenizer(name[len("spacy:") :])
-    raise ValueError(f"unknown word tokenizer {name!r}; use 'whitespace', 'elmo' or 'spacy:<lang>' (e.g. 'spacy:en')")
+    return SpacyWordTokenizer(name[len("spacy:") :])
 
 
 def expand_files(patterns: Sequence[str]) -> list[str]:
