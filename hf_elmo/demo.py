@@ -30,12 +30,18 @@ class Usage:
 USAGES = [
     Usage("bank", "money", "She paid the cheque into her account at the bank on Monday ."),
     Usage("bank", "money", "The bank raised its interest rates again ."),
+    Usage("bank", "money", "He borrowed money from the bank to buy a house ."),
+    Usage("bank", "money", "The central bank cut interest rates ."),
     Usage("bank", "river", "We had a picnic on the grassy bank of the river ."),
     Usage("bank", "river", "The boat drifted slowly toward the muddy bank ."),
+    Usage("bank", "river", "The river overflowed its bank after the storm ."),
+    Usage("bank", "river", "Fishermen stood on the bank of the stream ."),
     Usage("play", "theatre", "We saw a play by Shakespeare at the theatre ."),
     Usage("play", "theatre", "The actors rehearsed the new play all week ."),
+    Usage("play", "theatre", "The play opened on Broadway last night ."),
     Usage("play", "games", "The children play football in the park after school ."),
     Usage("play", "games", "They play tennis every Sunday morning ."),
+    Usage("play", "games", "The kids like to play outside ."),
 ]
 SPACY_TEXT = "I sat on the bank of the river. Then I went to the bank to withdraw some money."
 
@@ -92,7 +98,7 @@ def _print_report(report: SenseReport, usages: list[Usage], echo: Callable[[str]
         echo(f"  {index + 1}. [{usage.sense:>7}] {cells}   {usage.sentence}")
     same, different = report.mean_similarity(True), report.mean_similarity(False)
     verdict = "closer" if same > different else "NOT closer"
-    echo(f"  same sense {same:.2f} vs different sense {different:.2f}: same-sense uses are {verdict}")
+    echo(f"  mean over pairs: same sense {same:.3f}, different senses {different:.3f}: same-sense uses are {verdict}")
 
 
 def run_spacy(echo: Callable[[str], None]) -> None:
@@ -110,7 +116,7 @@ def run_spacy(echo: Callable[[str], None]) -> None:
     echo(f'\nspaCy: nlp = spacy.blank("en"); nlp.add_pipe("sentencizer"); nlp.add_pipe("elmo")\n  {SPACY_TEXT}')
     echo(f"  doc._.elmo_layers: {doc._.elmo_layers.shape} (layers, tokens, width); "
          f"{len(list(doc.sents))} sentences, each read by the biLM from the zero state")
-    echo(f'  doc[{banks[0].i}].similarity(doc[{banks[1].i}]) ("bank" / "bank"): {banks[0].similarity(banks[1]):.2f}; '
+    echo(f'  doc[{banks[0].i}].similarity(doc[{banks[1].i}]) ("bank" / "bank"): {banks[0].similarity(banks[1]):.3f}; '
          f'Token.vector is the average of the layers, width {banks[0].vector.shape[0]}')
 
 
