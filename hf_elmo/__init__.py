@@ -29,9 +29,17 @@ __version__ = "0.1.0"
 # The English biLM shipped inside the package (see its README.md): a save_pretrained directory for
 # `AutoModel.from_pretrained(DEFAULT_MODEL)` / `AutoTokenizer.from_pretrained(DEFAULT_MODEL)`, offline.
 DEFAULT_MODEL = str(Path(__file__).parent / "default_model")
+DEFAULT_MODEL_NAME = "default"
+
+
+def model_location(name: str | Path) -> str:
+    """What `from_pretrained` should load for a model name: `DEFAULT_MODEL` for `"default"` (the name the CLI and
+    the spaCy component accept for the shipped model), else `name` (a directory or Hub id) unchanged."""
+    return DEFAULT_MODEL if str(name) == DEFAULT_MODEL_NAME else str(name)
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEFAULT_MODEL_NAME",
     "PRESETS",
     "ElmoBidirectionalLMOutput",
     "ElmoCharTokenizer",
@@ -45,5 +53,6 @@ __all__ = [
     "ElmoState",
     "ElmoWithScalarMixes",
     "remove_sentence_boundaries",
+    "model_location",
     "split_words",
 ]

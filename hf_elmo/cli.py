@@ -17,8 +17,8 @@ import typer
 from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
-from . import DEFAULT_MODEL, hub
 from . import convert as legacy
+from . import hub, model_location
 from .configuration_elmo import ElmoConfig
 from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, embed_file
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
@@ -56,9 +56,7 @@ def _fail(message: str) -> NoReturn:
 def _model_location(name: str) -> str:
     """`name` if it is an existing directory or could be a Hub id (`name` or `org/name`), the directory of the
     embedded English model for `default`; fail otherwise."""
-    if name == "default":
-        return DEFAULT_MODEL
-    path = Path(name).expanduser()
+    path = Path(model_location(name)).expanduser()
     if path.is_dir():
         return str(path)
     if path.exists():

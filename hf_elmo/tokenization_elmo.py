@@ -56,10 +56,9 @@ def spacy_tokenizer(lang: str):
     return spacy.blank(lang).tokenizer
 
 
-def split_words_with_spacy(text: str, lang: str) -> list[str]:
-    """The words of `text` by the tokenizer of `spacy.blank(lang)`, whitespace tokens dropped (as the spaCy
-    component feeds the biLM)."""
-    return [token.text for token in spacy_tokenizer(lang)(text) if not token.is_space]
+def spacy_words(doc) -> list[str]:
+    """The words of a tokenized spaCy `Doc`: its tokens but whitespace ones (as the spaCy component feeds the biLM)."""
+    return [token.text for token in doc if not token.is_space]
 
 
 def check_word_tokenizer(name: str | None) -> None:
@@ -72,12 +71,13 @@ def check_word_tokenizer(name: str | None) -> None:
 
 def split_into_words(text: str, word_tokenizer: str | None) -> list[str]:
     """Split one raw text into words with the word tokenizer called `word_tokenizer` (see `check_word_tokenizer`):
-    `None` or `"elmo"`: `split_words`; `"whitespace"`: `str.split`; `"spacy:<lang>"`: `split_words_with_spacy`."""
+    `None` or `"elmo"`: `split_words`; `"whitespace"`: `str.split`; `"spacy:<lang>"`: `spacy.blank(lang)`'s tokenizer
+    (`spacy_words`)."""
     if word_tokenizer is None or word_tokenizer == "elmo":
         return split_words(text)
     if word_tokenizer == "whitespace":
         return text.split()
-    return split_words_with_spacy(text, word_tokenizer[len("spacy:") :])
+    return spacy_words(spacy_tokenizer(word_tokenizer[len("spacy:") :])(text))
 
 
 # Shared int objects for the ids (CPython caches only ints up to 256), so cached rows stay small.

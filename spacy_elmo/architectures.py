@@ -10,8 +10,9 @@ from spacy.util import SimpleFrozenDict, registry
 from thinc.api import Dropout, Linear, Model, chain, with_array
 from thinc.types import Floats2d, Floats3d
 
+from hf_elmo import DEFAULT_MODEL_NAME
+
 from .layers import ElmoListener, build_bilm, scalar_mix, standalone_bilm
-from .weights import DEFAULT_MODEL_NAME
 
 NO_SETTINGS = SimpleFrozenDict()
 

@@ -17,7 +17,6 @@ from spacy.vocab import Vocab
 from thinc.api import Config
 
 from .corpora import read_conll2003, read_sst5, write_docbin
-from .weights import model_location
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 TASKS = ("ner", "textcat")
@@ -46,7 +45,7 @@ def make_config(task: str, model: str | None = None) -> Config:
     and the layer width and count of that biLM (read from its config.json only)."""
     config = Config().from_disk(base_config_path(task), interpolate=False)
     if model:
-        from hf_elmo import ElmoConfig
+        from hf_elmo import ElmoConfig, model_location
 
         elmo_config = ElmoConfig.from_pretrained(model_location(model))
         config["paths"]["elmo_model"] = str(model)

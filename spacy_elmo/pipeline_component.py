@@ -16,11 +16,12 @@ from spacy.vocab import Vocab
 from thinc.api import Config, Model, Optimizer
 from thinc.types import Floats3d
 
+from hf_elmo import DEFAULT_MODEL_NAME
+
 from .layers import ElmoListener, replace_listener, replace_listener_cfg, set_bilm_weights
 from .layers.bilm import bilm_weights
 from .layers.listener import empty_backprop
 from .vectors import mixed_layers, register_extensions, restore_hooks
-from .weights import DEFAULT_MODEL_NAME
 
 DEFAULT_CONFIG_STR = f"""
 [model]

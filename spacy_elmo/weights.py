@@ -13,18 +13,10 @@ from typing import Any
 import torch
 from spacy.util import SimpleFrozenDict, registry
 
-from hf_elmo import DEFAULT_MODEL, ElmoConfig, ElmoModel
-
-# The name of the English biLM shipped inside `hf_elmo` (`hf_elmo.DEFAULT_MODEL`), the component's default.
-DEFAULT_MODEL_NAME = "default"
+from hf_elmo import ElmoConfig, ElmoModel, model_location
 
 WeightsLoader = Callable[[], ElmoModel]
 NO_SETTINGS = SimpleFrozenDict()
-
-
-def model_location(name: str | Path) -> str:
-    """`hf_elmo.DEFAULT_MODEL` for `"default"`, else `name` (a directory or Hub id)."""
-    return DEFAULT_MODEL if str(name) == DEFAULT_MODEL_NAME else str(name)
 
 
 def load_pretrained(name: str | Path | None, revision: str | None = None) -> ElmoModel:

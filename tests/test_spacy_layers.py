@@ -62,27 +62,25 @@ def test_scalar_mix_gradients_match_finite_differences(layer_norm):
     def loss() -> float:
         return float(sum((Y.astype("float64") * dY).sum() for Y, dY in zip(mix.predict(Xs), dYs)))
 
+    def numeric_gradient(array: np.ndarray, index, eps: float = 1e-3) -> float:
+        """Central difference of `loss` in `array[index]` (restored afterwards)."""
+        array[index] += eps
+        up = loss()
+        array[index] -= 2 * eps
+        down = loss()
+        array[index] += eps
+        return (up - down) / (2 * eps)
+
     _, backprop = mix.begin_update(Xs)
     dXs = backprop(dYs)
-    eps = 1e-3
     for name in ("s", "gamma"):
         param, grad = mix.get_param(name), mix.get_grad(name)
         for i in range(len(param)):
-            param[i] += eps
-            up = loss()
-            param[i] -= 2 * eps
-            down = loss()
-            param[i] += eps
-            assert grad[i] == pytest.approx((up - down) / (2 * eps), rel=1e-2, abs=1e-3)
+            assert grad[i] == pytest.approx(numeric_gradient(param, i), rel=1e-2, abs=1e-3)
     for X, dX in zip(Xs, dXs):
         for index in [(0, 0, 0), (1, 1, 3), (2, 0, 4)]:
             if index[1] < X.shape[1]:
-                X[index] += eps
-                up = loss()
-                X[index] -= 2 * eps
-                down = loss()
-                X[index] += eps
-                assert dX[index] == pytest.approx((up - down) / (2 * eps), rel=1e-2, abs=1e-3)
+                assert dX[index] == pytest.approx(numeric_gradient(X, index), rel=1e-2, abs=1e-3)
 
 
 def test_layer_dropout_drops_whole_layers_in_training_only():

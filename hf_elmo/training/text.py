@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..tokenization_elmo import check_word_tokenizer, spacy_tokenizer, split_words
+from ..tokenization_elmo import check_word_tokenizer, spacy_tokenizer, spacy_words, split_words
 
 # A word tokenizer splits a list of lines into a list of word lists (batched: spaCy tokenizes in batches).
 WordTokenizer = Callable[[Sequence[str]], list[list[str]]]
@@ -41,7 +41,7 @@ class SpacyWordTokenizer:
         self.tokenizer = spacy_tokenizer(lang)
 
     def __call__(self, lines: Sequence[str]) -> list[list[str]]:
-        return [[token.text for token in doc if not token.is_space] for doc in self.tokenizer.pipe(lines)]
+        return [spacy_words(doc) for doc in self.tokenizer.pipe(lines)]
 
     def __reduce__(self):  # pickled by name for DataLoader worker processes
         return SpacyWordTokenizer, (self.lang,)
