@@ -1,5 +1,6 @@
 """ElmoModel behaviour: determinism, padding, explicit state, validation, gradients, presets, save/load."""
 
+import copy
 import pickle
 
 import numpy as np
@@ -329,3 +330,60 @@ def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenize
     assert len(cached.char_cnn._cache) == 0 and cached.char_cnn.convs[0].weight.grad is not None
     with pytest.raises(ValueError, match=">= 0"):
         cached.set_token_cache_size(-1)
+
+
+def test_char_cnn_skips_padding_positions_without_changing_values_or_gradients(monkeypatch):
+    """Positions after the longest word of a chunk are all padding: the max-pool reads one of them, not all 50."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).train()
+    words = ["a", "bank", "x" * 60]  # the last word fills all 50 positions
+    for chunk in (words[:2], words):
+        char_ids = ElmoCharTokenizer()([chunk], is_split_into_words=True, add_special_tokens=False,
+                                       return_tensors="pt")["input_ids"][0]
+        cnn = model.char_cnn
+        assert cnn._used_positions(char_ids) == (50 if len(chunk) == 3 else len("bank") + 2 + cnn.widest_filter)
+        trimmed = cnn.embed_words(char_ids)
+        (trimmed_grad,) = torch.autograd.grad(trimmed.square().sum(), cnn.char_embedding.weight)
+        with monkeypatch.context() as patch:
+            patch.setattr(type(cnn), "_used_positions", lambda self, ids: ids.shape[1])
+            full = cnn.embed_words(char_ids)
+            (full_grad,) = torch.autograd.grad(full.square().sum(), cnn.char_embedding.weight)
+        assert (trimmed - full).abs().max() <= 1e-6
+        assert (trimmed_grad - full_grad).abs().max() <= 1e-6
+
+
+def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(monkeypatch, tokenizer):
+    import platform
+
+    import hf_elmo.modeling_elmo as modeling
+
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert modeling.USE_ONEDNN  # the CPU build of torch has it: the fixtures' exactness tests run through it
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()
+    model.set_token_cache_size(0)
+
+    def both_paths():
+        _, fast = run(model, tokenizer, SENTENCES)
+        with monkeypatch.context() as patch:
+            patch.setattr(modeling, "USE_ONEDNN", False)
+            _, plain = run(model, tokenizer, SENTENCES)
+        for a, b in zip(fast.hidden_states, plain.hidden_states):
+            assert (a - b).abs().max() <= 1e-5
+        return fast
+
+    before = both_paths()
+    layer = model.bilstm.layers[0]
+    assert len(layer._packed) == 2 if modeling.USE_ONEDNN else layer._packed == ()
+    with torch.no_grad():
+        layer.recurrent_weight.mul_(1.5)  # in place: the packed copy must follow
+    after = both_paths()
+    assert (after.hidden_states[1] - before.hidden_states[1]).abs().max() > 1e-3
+    with torch.no_grad():
+        layer.projection_weight.data = layer.projection_weight.data * 0.5  # replaced, as some optimizers do
+    both_paths()
+    assert copy.deepcopy(model).bilstm.layers[0]._packed == ()  # copies and pickles leave them behind
+    assert pickle.loads(pickle.dumps(model)).bilstm.layers[0]._packed == ()
+    model.clear_inference_caches()  # after changes torch cannot see (NumPy views): repacked on the next call
+    assert layer._packed == ()
+    both_paths()

@@ -63,8 +63,8 @@ class ElmoShim(PyTorchShim):
         updated = any(parameter.grad is not None for parameter in self._model.parameters())
         super().finish_update(optimizer)
         if updated:
-            # Thinc's optimizer may update the weights through NumPy views, unseen by the biLM's token cache.
-            self._model.clear_token_cache()
+            # Thinc's optimizer may update the weights through NumPy views, unseen by the biLM's inference caches.
+            self._model.clear_inference_caches()
 
     def to_device(self, device_type: str, device_id: int) -> None:
         if self._model is not None:
