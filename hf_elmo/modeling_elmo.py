@@ -233,7 +233,7 @@ class ElmoLstmLayer(nn.Module):
     """One LSTM layer with projection for both directions, weights stacked on a leading direction axis.
 
     Gate blocks are in TensorFlow's order (input, candidate, forget, output), as in the original weights;
-    the forget gate gets `FORGET_BIAS` added at run time.
+    the forget gate gets `FORGET_BIAS` added to its bias at run time.
     """
 
     def __init__(self, input_dim: int, config: ElmoConfig):
@@ -281,14 +281,17 @@ class ElmoLstmLayer(nn.Module):
         started = batch_sizes[0] if steps else 0  # rows with at least one position
         h, c = state[0][:, :started], state[1][:, :started]
         recurrent_weight, projection_weight = self._step_weights(inputs)
+        cell = self.recurrent_weight.shape[1] // 4
+        bias = self.bias.clone()
+        bias[:, 2 * cell : 3 * cell] += FORGET_BIAS  # TensorFlow adds it to the forget gate (TF gate order i, j, f, o)
         outputs, finished_h, finished_c = [], [], []
         for start in range(0, steps, LSTM_TIME_CHUNK):
             active = batch_sizes[start]
             if active == 0:
                 break
             window = inputs[:, :active, start : start + LSTM_TIME_CHUNK]
-            # Input projections of every step of the window in one matmul per direction: (active, window, 4D).
-            projected = [linear(window[d], self.input_weight[d], self.bias[d]) for d in range(2)]
+            # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
+            projected = [linear(window[d], self.input_weight[d], bias[d]).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
                 if n == 0:
@@ -298,13 +301,14 @@ class ElmoLstmLayer(nn.Module):
                     finished_c.append(c[:, n:])
                     h, c = h[:, :n], c[:, :n]
                 gates = torch.stack(
-                    [linear(h[d], recurrent_weight[d], add=projected[d][:n, offset]) for d in range(2)]
-                )
-                input_gate, candidate, forget_gate, output_gate = gates.chunk(4, dim=-1)
-                c = torch.sigmoid(forget_gate + FORGET_BIAS) * c + torch.sigmoid(input_gate) * torch.tanh(candidate)
+                    [linear(h[d], recurrent_weight[d], add=projected[d][offset][:n]) for d in range(2)]
+                )  # (2, n, 4D)
+                candidate = torch.tanh(gates[..., cell : 2 * cell])
+                input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
+                c = torch.addcmul(forget_gate * c, input_gate, candidate)
                 if self.cell_clip is not None:
                     c = c.clamp(-self.cell_clip, self.cell_clip)
-                h = torch.sigmoid(output_gate) * torch.tanh(c)
+                h = output_gate * torch.tanh(c)
                 if projection_weight is not None:
                     h = torch.stack([linear(h[d], projection_weight[d]) for d in range(2)])
                 if self.proj_clip is not None:
