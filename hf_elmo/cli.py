@@ -20,7 +20,7 @@ from transformers.utils import logging as hf_logging
 from . import convert as legacy
 from . import hub, model_location
 from .configuration_elmo import ElmoConfig
-from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, embed_file
+from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, bound_onednn_caches, embed_file
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
 from .tokenization_elmo import ElmoCharTokenizer
 
@@ -243,7 +243,8 @@ def embed(
 
     **Batching.** Sentences are read in chunks of `--buffer-tokens` positions, sorted by length, run in batches
     of at most `--batch-tokens` positions and written in input order, so memory does not grow with the input
-    (except `sentence_to_index`; see `--forget-sentences`). A sentence's vectors do not depend on its batch.
+    (except `sentence_to_index`; see `--forget-sentences`; oneDNN's kernel caches are capped at 64 shapes unless
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY / LRU_CACHE_CAPACITY are set). A sentence's vectors do not depend on its batch.
     """
     # A str, not a Path with allow_dash: typer 0.29 compares Path("-") with "-" and rejects stdin.
     if input_file != "-" and not Path(input_file).exists():
@@ -277,6 +278,7 @@ def embed(
         )
     if threads is not None:
         torch.set_num_threads(threads)
+    bound_onednn_caches()
     bilm = _load_model(model, config)
     embedder = ElmoEmbedder(
         bilm.elmo if isinstance(bilm, ElmoForBidirectionalLM) else bilm,

@@ -184,6 +184,22 @@ def test_embed_reads_stdin_with_invalid_utf8_in_a_subprocess(tiny_model, tiny_mo
         np.testing.assert_allclose(vectors, direct_layers(tiny_model, line.split())[-1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("preset", [{}, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"}])
+def test_embed_caps_onednn_kernel_caches_unless_the_user_set_them(tiny_model_dir, tmp_path, preset):
+    source = tmp_path / "input.txt"
+    source.write_text("a few words\n", encoding="utf-8")
+    script = ("import os, sys; from hf_elmo.cli import app; app(sys.argv[1:], standalone_mode=False); "
+              "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    process = subprocess.run(
+        [sys.executable, "-c", script, "embed", str(tiny_model_dir), str(source), str(tmp_path / "out.npy"), "-q"],
+        capture_output=True, text=True, timeout=120, env={**env, **preset, "HF_HUB_OFFLINE": "1"},
+    )
+    assert process.returncode == 0, process.stderr
+    assert process.stdout.split() == [preset.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64"), "64"]
+    assert len(read_npy_output(tmp_path / "out.npy")[0]) == 3
+
+
 @pytest.mark.parametrize(
     ("args", "message", "exit_code"),
     [
