@@ -1,7 +1,7 @@
 """Inference speed of the biLM presets with random weights on CPU, side by side with AllenNLP 2.10.1.
 
     python benchmarks/bench_inference.py [--threads 2] [--presets small,medium,original]
-                                         [--allennlp-python /path/to/allennlp-venv/bin/python]
+                                         [--allennlp-python /path/to/allennlp-venv/bin/python] [--matmuls mkl]
 
 For each preset: tokens/s (words; `<S>`/`</S>` not counted) over `--sentences` sentences of `--length` words in
 batches of `--batch-size` (median of `--repeats` passes after a warm-up pass), and the latency of one 20-word
@@ -10,7 +10,7 @@ then tokens/s with the token cache warm (the same sentences seen before: the bes
 With `--allennlp-python` (or `$ALLENNLP_PYTHON`), AllenNLP's `_ElmoBiLm` runs the same weights (exported with
 `export_hdf5`) on the same inputs in its own virtualenv (see benchmarks/README.md), and the table adds its figures,
 the ratios (to the cache-off figures), and the max abs difference of all layers of the first batch (both from the
-zero state).
+zero state). `--matmuls mkl` runs this project's matmuls through `F.linear` (MKL) instead of oneDNN.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, modeling_elmo
 from hf_elmo.convert import export_hdf5
 from hf_elmo.modeling_elmo import TOKEN_CACHE_SIZE
 
@@ -76,7 +76,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--allennlp-python", default=os.environ.get("ALLENNLP_PYTHON"))
+    parser.add_argument("--matmuls", choices=["onednn", "mkl"], default="onednn",
+                        help="this project's CPU matmuls: oneDNN (the default) or F.linear (MKL), to compare")
     args = parser.parse_args()
+    modeling_elmo.USE_ONEDNN = modeling_elmo.USE_ONEDNN and args.matmuls == "onednn"
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
 
@@ -90,7 +93,8 @@ def main() -> None:
     single = dict(tokenizer([random_sentences(1, 20, seed=1)[0]], is_split_into_words=True, return_tensors="pt"))
     n_tokens = args.sentences * args.length
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
-          f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words")
+          f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
+          f"matmuls: {'oneDNN' if modeling_elmo.USE_ONEDNN else 'MKL (F.linear)'}")
     if not args.allennlp_python:
         print("AllenNLP columns skipped: AllenNLP is not installed here (pass --allennlp-python; see "
               "benchmarks/README.md)")
