@@ -39,7 +39,8 @@ PADDING_CHAR_ID = 261
 
 # oneDNN's float32 matmul: the same IEEE float32 arithmetic as MKL's, summed in another order (outputs differ by
 # ~1e-6), and 2-3x faster on CPUs where MKL only takes its AVX2 path (e.g. AMD EPYC). `linear` uses it for CPU
-# inference; set to False to use `F.linear` (MKL) everywhere.
+# inference through the oneDNN linear ops PyTorch builds for its own CPU compiler backend (private, so checked
+# here; without them everything runs through `F.linear`). Set to False to use `F.linear` (MKL) everywhere.
 USE_ONEDNN = (
     torch.backends.mkldnn.is_available()
     and hasattr(torch.ops.mkldnn, "_linear_pointwise")
