@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--matmuls", choices=["onednn", "mkl"], default="onednn",
                         help="this project's CPU matmuls: oneDNN (the default) or F.linear (MKL), to compare")
     args = parser.parse_args()
-    modeling_elmo.USE_ONEDNN = modeling_elmo.USE_ONEDNN and args.matmuls == "onednn"
+    modeling_elmo.USE_ONEDNN = args.matmuls == "onednn"
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
 
@@ -94,7 +94,7 @@ def main() -> None:
     n_tokens = args.sentences * args.length
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
-          f"matmuls: {'oneDNN' if modeling_elmo.USE_ONEDNN else 'MKL (F.linear)'}")
+          f"matmuls: {'oneDNN' if args.matmuls == 'onednn' and modeling_elmo.onednn_available() else 'F.linear'}")
     if not args.allennlp_python:
         print("AllenNLP columns skipped: AllenNLP is not installed here (pass --allennlp-python; see "
               "benchmarks/README.md)")

@@ -16,6 +16,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -41,11 +42,7 @@ PADDING_CHAR_ID = 261
 # ~1e-6), and 2-3x faster on CPUs where MKL only takes its AVX2 path (e.g. AMD EPYC). `linear` uses it for CPU
 # inference through the oneDNN linear ops PyTorch builds for its own CPU compiler backend (private, so checked
 # here; without them everything runs through `F.linear`). Set to False to use `F.linear` (MKL) everywhere.
-USE_ONEDNN = (
-    torch.backends.mkldnn.is_available()
-    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-)
+USE_ONEDNN = True
 
 # (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
 # direction 0 is the forward LM, 1 the backward LM.
@@ -86,10 +83,25 @@ class ElmoBidirectionalLMOutput(ModelOutput):
     final_state: ElmoState | None = None
 
 
+@cache
+def onednn_available() -> bool:
+    """Whether this torch build computes float32 linears through oneDNN (checked on first use, not at import, so
+    that oneDNN's settings from the environment can still be made before)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 2))
+        output = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), weight, None, "none", [], "")
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return torch.equal(output, torch.full((1, 3), 2.0))
+
+
 def onednn_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear(x, weight)` runs through oneDNN: CPU float32 without gradient or autocast."""
     return (
         USE_ONEDNN
+        and onednn_available()
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))

@@ -358,7 +358,7 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(monk
     import hf_elmo.modeling_elmo as modeling
 
     if platform.machine() in ("x86_64", "AMD64"):
-        assert modeling.USE_ONEDNN  # the CPU build of torch has it: the fixtures' exactness tests run through it
+        assert modeling.onednn_available()  # the CPU build of torch has it
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
     model.set_token_cache_size(0)
@@ -374,7 +374,7 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(monk
 
     before = both_paths()
     layer = model.bilstm.layers[0]
-    assert len(layer._packed) == 2 if modeling.USE_ONEDNN else layer._packed == ()
+    assert len(layer._packed) == 2 if modeling.onednn_available() else layer._packed == ()
     with torch.no_grad():
         layer.recurrent_weight.mul_(1.5)  # in place: the packed copy must follow
     after = both_paths()

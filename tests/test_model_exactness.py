@@ -12,8 +12,20 @@ from hf_elmo.convert import load_legacy
 TOLERANCE = 1e-5
 
 
+@pytest.fixture(params=["onednn", "mkl"])
+def matmuls(request, monkeypatch):
+    """Both CPU matmul paths: oneDNN (the default where torch has it) and `F.linear`."""
+    import hf_elmo.modeling_elmo as modeling
+
+    if request.param == "onednn":
+        assert modeling.onednn_available(), "this torch build has no oneDNN linear ops"
+    else:
+        monkeypatch.setattr(modeling, "USE_ONEDNN", False)
+    return request.param
+
+
 @pytest.mark.parametrize("name,model_dir,sentences_file", FIXTURE_MODELS, ids=[m[0] for m in FIXTURE_MODELS])
-def test_stateful_top_layer_matches_original(name, model_dir, sentences_file):
+def test_stateful_top_layer_matches_original(name, model_dir, sentences_file, matmuls):
     """10 batches of 3 sentences, state carried row by row through final_state → initial_state (744 vectors)."""
     model = load_legacy(require(model_dir / "options.json"), require(model_dir / "lm_weights.hdf5"))
     tokenizer = ElmoCharTokenizer()
@@ -50,7 +62,7 @@ def test_zero_state_differs_after_first_batch(name, model_dir, sentences_file):
     assert np.abs(actual - np.concatenate(expected, axis=-1)).max() > 1e-2
 
 
-def test_token_representation_matches_original():
+def test_token_representation_matches_original(matmuls):
     """The char CNN of every line of vocab_test.txt equals elmo_token_embeddings.hdf5 (458 x 16)."""
     model = load_legacy(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"))
     tokenizer = ElmoCharTokenizer()
