@@ -387,3 +387,17 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(monk
     model.clear_inference_caches()  # after changes torch cannot see (NumPy views): repacked on the next call
     assert layer._packed == ()
     both_paths()
+
+
+def test_single_row_steps_give_the_same_vectors_through_either_matmul(monkeypatch, tokenizer):
+    """A one-sentence batch takes the batched-MKL step for small weights; forcing oneDNN changes nothing."""
+    import hf_elmo.modeling_elmo as modeling
+
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()
+    _, small_weights = run(model, tokenizer, SENTENCES[:1])
+    monkeypatch.setattr(modeling, "SINGLE_ROW_BMM_MAX_WEIGHT", 0)
+    _, forced_onednn = run(model, tokenizer, SENTENCES[:1])
+    for a, b in zip(small_weights.hidden_states, forced_onednn.hidden_states):
+        assert (a - b).abs().max() <= 1e-6
+    assert small_weights.hidden_states[-1].abs().sum() > 0
