@@ -13,6 +13,7 @@ depend on the other rows of its batch. `final_state` + `initial_state` reproduce
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -306,6 +307,45 @@ class ElmoLstmLayer(nn.Module):
             return torch.bmm(x, weight.transpose(1, 2))
         return torch.baddbmm(torch.stack(add), x, weight.transpose(1, 2))
 
+    def forward_fused(
+        self, inputs: torch.Tensor, lengths: list[int], state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """`forward` through `nn.LSTM(proj_size=P)` (cuDNN on a GPU), one call per direction over packed sequences;
+        `lengths` (batch,) in decreasing order. It has no cell or projection clipping: the same function for models
+        trained without clipping, an approximation for clipped ones."""
+        _, batch, steps, input_dim = inputs.shape
+        cell, hidden = self.recurrent_weight.shape[1] // 4, self.recurrent_weight.shape[2]
+        started = sum(1 for n in lengths if n > 0)  # nn.LSTM takes no empty rows: they keep zeros and their state
+        if started == 0:
+            return inputs.new_zeros(2, batch, steps, hidden), state
+        # TensorFlow's gate order (i, j, f, o) → PyTorch's (i, f, g, o).
+        gates = torch.arange(4 * cell, device=inputs.device).view(4, cell)[[0, 2, 1, 3]].flatten()
+        bias = self.bias.clone()
+        bias[:, 2 * cell : 3 * cell] += FORGET_BIAS
+        lstm = nn.LSTM(input_dim, cell, proj_size=hidden if self.projection_weight is not None else 0,
+                       batch_first=True, device="meta")
+        outputs, final_h, final_c = [], [], []
+        for d in range(2):
+            weights = {
+                "weight_ih_l0": self.input_weight[d][gates],
+                "weight_hh_l0": self.recurrent_weight[d][gates],
+                "bias_ih_l0": bias[d][gates],
+                "bias_hh_l0": torch.zeros_like(bias[d]),
+            }
+            if self.projection_weight is not None:
+                weights["weight_hr_l0"] = self.projection_weight[d]
+            packed = nn.utils.rnn.pack_padded_sequence(inputs[d, :started], torch.tensor(lengths[:started]),
+                                                       batch_first=True)
+            initial = (state[0][d : d + 1, :started].contiguous(), state[1][d : d + 1, :started].contiguous())
+            with warnings.catch_warnings():  # weights gathered per call (gate order): cuDNN cannot keep them flat
+                warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
+                output, (h, c) = torch.func.functional_call(lstm, weights, (packed, initial))
+            output, _ = nn.utils.rnn.pad_packed_sequence(output, batch_first=True, total_length=steps)
+            outputs.append(F.pad(output, (0, 0, 0, 0, 0, batch - started)))
+            final_h.append(torch.cat([h[0], state[0][d, started:]]))
+            final_c.append(torch.cat([c[0], state[1][d, started:]]))
+        return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
+
     def forward(
         self, inputs: torch.Tensor, batch_sizes: list[int], state: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -372,6 +412,16 @@ class ElmoBiLstm(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.projection_dim = config.projection_dim
         self.lstm_dim = config.lstm_dim
+        self.clipped = config.cell_clip is not None or (
+            config.proj_clip is not None and config.projection_dim < config.lstm_dim
+        )
+        self.fused_lstm = "auto"  # see `ElmoModel.set_fused_lstm`
+
+    def uses_fused_lstm(self, reference: torch.Tensor) -> bool:
+        """Whether the layers run through `nn.LSTM` (`ElmoLstmLayer.forward_fused`) for tensors like `reference`."""
+        if self.fused_lstm == "auto":
+            return reference.is_cuda and not self.clipped
+        return self.fused_lstm == "always"
 
     def zero_state(self, batch: int, reference: torch.Tensor) -> ElmoState:
         """The state every sentence starts from by default."""
@@ -399,11 +449,15 @@ class ElmoBiLstm(nn.Module):
         sorted_repr = token_repr[order]
         layer_input = torch.stack([sorted_repr, sorted_repr.gather(1, reverse_index)])  # (2, batch, steps, P)
 
+        fused = self.uses_fused_lstm(token_repr)
         outputs, final_h, final_c = [], [], []
         for index, layer in enumerate(self.layers):
             layer_input = self.dropout(layer_input)
             state = (h0[index][:, order], c0[index][:, order])
-            layer_output, (h, c) = layer(layer_input, batch_sizes, state)
+            if fused:
+                layer_output, (h, c) = layer.forward_fused(layer_input, counts, state)
+            else:
+                layer_output, (h, c) = layer(layer_input, batch_sizes, state)
             if self.use_skip_connections and index > 0:
                 layer_output = layer_output + layer_input
             outputs.append(layer_output)
@@ -490,6 +544,15 @@ class ElmoModel(ElmoPreTrainedModel):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.char_cnn.char_embedding
+
+    def set_fused_lstm(self, mode: str) -> None:
+        """How the biLSTM runs: `"auto"` (default) through `nn.LSTM` (cuDNN) on a GPU when the model has no cell or
+        projection clipping, where it computes the same function, else the step loop; `"always"` through `nn.LSTM`
+        also for clipped models (an approximation: the original ELMo weights clip at 3, see the README for the
+        drift); `"never"` the step loop everywhere."""
+        if mode not in ("auto", "always", "never"):
+            raise ValueError(f"fused LSTM mode must be 'auto', 'always' or 'never', got {mode!r}")
+        self.bilstm.fused_lstm = mode
 
     def set_token_cache_size(self, size: int) -> None:
         """Keep the token representations of up to `size` most recently seen distinct words for inference (calls

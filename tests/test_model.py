@@ -401,3 +401,62 @@ def test_single_row_steps_give_the_same_vectors_through_either_matmul(monkeypatc
     for a, b in zip(small_weights.hidden_states, forced_onednn.hidden_states):
         assert (a - b).abs().max() <= 1e-6
     assert small_weights.hidden_states[-1].abs().sum() > 0
+
+
+def _with_empty_row(encoded):
+    """The batch plus one all-padding row."""
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    return torch.cat([ids, torch.zeros_like(ids[:1])]), torch.cat([mask, torch.zeros_like(mask[:1])])
+
+
+def test_fused_lstm_computes_the_step_loop_for_unclipped_models(tokenizer):
+    """`nn.LSTM(proj_size)` (cuDNN on a GPU) is the same function as the step loop when nothing is clipped:
+    outputs, carried state, empty rows and gradients."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()  # no dropout; gradients still flow
+    input_ids, attention_mask = _with_empty_row(
+        tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    )
+    h0, c0 = model.bilstm.zero_state(len(input_ids), attention_mask.float())
+    initial_state = (torch.randn_like(h0), torch.randn_like(c0))
+    results = {}
+    for mode in ("never", "always"):
+        model.set_fused_lstm(mode)
+        model.zero_grad()
+        output = model(input_ids, attention_mask, initial_state=initial_state, return_state=True)
+        output.last_hidden_state.square().sum().backward()
+        results[mode] = output, model.bilstm.layers[0].recurrent_weight.grad.clone()
+    (loop, loop_grad), (fused, fused_grad) = results["never"], results["always"]
+    for a, b in zip((*loop.hidden_states, *loop.final_state), (*fused.hidden_states, *fused.final_state)):
+        assert (a - b).abs().max() <= 1e-5
+    assert (loop_grad - fused_grad).abs().max() <= 1e-5 * loop_grad.abs().max()
+    assert fused.hidden_states[-1][-1].abs().max() == 0  # the empty row
+    torch.testing.assert_close(fused.final_state[0][:, :, -1], initial_state[0][:, :, -1])
+
+
+def test_fused_lstm_mode_defaults_to_exactness():
+    torch.manual_seed(0)
+    clipped, unclipped = ElmoModel(tiny_config()), ElmoModel(tiny_config(cell_clip=None, proj_clip=None))
+    cpu = torch.zeros(1)
+    assert not clipped.bilstm.uses_fused_lstm(cpu) and not unclipped.bilstm.uses_fused_lstm(cpu)  # auto: GPU only
+    assert clipped.bilstm.clipped and not unclipped.bilstm.clipped  # auto never fuses a clipped model
+    clipped.set_fused_lstm("always")
+    assert clipped.bilstm.uses_fused_lstm(cpu)
+    with pytest.raises(ValueError, match="'auto', 'always' or 'never'"):
+        clipped.set_fused_lstm("cudnn")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cudnn_lstm_on_gpu_matches_the_cpu_step_loop(monkeypatch, tokenizer):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
+    _, cpu = run(model, tokenizer, SENTENCES)
+    model.cuda()
+    assert model.bilstm.uses_fused_lstm(torch.zeros(1, device="cuda"))
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt").to("cuda")
+    with torch.no_grad():
+        gpu = model(**encoded)
+    for a, b in zip(cpu.hidden_states, gpu.hidden_states):
+        assert (a - b.cpu()).abs().max() <= 1e-5
