@@ -1,6 +1,6 @@
 """Run AllenNLP 2.10.1's ELMo biLM on the inputs `bench_inference.py` prepared; runs in AllenNLP's own virtualenv.
 
-    python allennlp_worker.py WORK_DIR THREADS REPEATS
+    python allennlp_worker.py WORK_DIR THREADS REPEATS [DEVICE]
 
 WORK_DIR holds `options.json`, `weights.hdf5`, `batches.npz` (char ids without sentence boundaries, one array per
 batch) and `single.npy` (one sentence); the worker writes `result.json` (seconds per pass over all batches, median
@@ -28,28 +28,28 @@ from allennlp.modules.elmo import _ElmoBiLm  # noqa: E402
 
 def main() -> None:
     work_dir, threads, repeats = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    device = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
     torch.set_num_threads(threads)
-    bilm = _ElmoBiLm(str(work_dir / "options.json"), str(work_dir / "weights.hdf5")).eval()
+    bilm = _ElmoBiLm(str(work_dir / "options.json"), str(work_dir / "weights.hdf5")).eval().to(device)
     archive = np.load(work_dir / "batches.npz")
-    batches = [torch.from_numpy(archive[key]) for key in sorted(archive.files, key=int)]
-    single = torch.from_numpy(np.load(work_dir / "single.npy"))
+    batches = [torch.from_numpy(archive[key]).to(device) for key in sorted(archive.files, key=int)]
+    single = torch.from_numpy(np.load(work_dir / "single.npy")).to(device)
+
+    def seconds(function) -> float:
+        start = time.perf_counter()
+        function()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
     with torch.no_grad():
         # The first batch from the fresh (zero) state: comparable with a stateless biLM.
         first = bilm(batches[0])
-        np.savez(work_dir / "layers.npz", *[layer.numpy() for layer in first["activations"]])
+        np.savez(work_dir / "layers.npz", *[layer.cpu().numpy() for layer in first["activations"]])
         for batch in batches:  # warm-up
             bilm(batch)
-        timings = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for batch in batches:
-                bilm(batch)
-            timings.append(time.perf_counter() - start)
-        latencies = []
-        for _ in range(repeats * 4):
-            start = time.perf_counter()
-            bilm(single)
-            latencies.append(time.perf_counter() - start)
+        timings = [seconds(lambda: [bilm(batch) for batch in batches]) for _ in range(repeats)]
+        latencies = [seconds(lambda: bilm(single)) for _ in range(repeats * 4)]
     result = {"seconds": statistics.median(timings), "latency": statistics.median(latencies)}
     (work_dir / "result.json").write_text(json.dumps(result))
 

@@ -1,7 +1,8 @@
-"""Inference speed of the biLM presets with random weights on CPU, side by side with AllenNLP 2.10.1.
+"""Inference speed of the biLM presets with random weights, side by side with AllenNLP 2.10.1 (CPU by default).
 
     python benchmarks/bench_inference.py [--threads 2] [--presets small,medium,original]
                                          [--allennlp-python /path/to/allennlp-venv/bin/python] [--matmuls mkl]
+                                         [--device cuda]
 
 For each preset: tokens/s (words; `<S>`/`</S>` not counted) over `--sentences` sentences of `--length` words in
 batches of `--batch-size` (median of `--repeats` passes after a warm-up pass), and the latency of one 20-word
@@ -10,7 +11,8 @@ then tokens/s with the token cache warm (the same sentences seen before: the bes
 With `--allennlp-python` (or `$ALLENNLP_PYTHON`), AllenNLP's `_ElmoBiLm` runs the same weights (exported with
 `export_hdf5`) on the same inputs in its own virtualenv (see benchmarks/README.md), and the table adds its figures,
 the ratios (to the cache-off figures), and the max abs difference of all layers of the first batch (both from the
-zero state). `--matmuls mkl` runs this project's matmuls through `F.linear` (MKL) instead of oneDNN.
+zero state). `--matmuls mkl` runs this project's matmuls through `F.linear` (MKL) instead of oneDNN; `--device cuda`
+runs both models on the GPU (AllenNLP's virtualenv then needs a CUDA build of torch).
 """
 
 from __future__ import annotations
@@ -45,24 +47,26 @@ def random_sentences(n: int, length: int, seed: int = 0) -> list[list[str]]:
     return [[rng.choice(vocab) for _ in range(length)] for _ in range(n)]
 
 
-def median_seconds(function, repeats: int) -> float:
+def median_seconds(function, repeats: int, device: torch.device) -> float:
     function()  # warm-up
     timings = []
     for _ in range(repeats):
         start = time.perf_counter()
         function()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         timings.append(time.perf_counter() - start)
     return statistics.median(timings)
 
 
 def run_allennlp(python: str, model_dir: Path, batches: list[dict], single: dict, threads: int, repeats: int,
-                 work_dir: Path) -> tuple[dict, list[np.ndarray]]:
+                 work_dir: Path, device: torch.device) -> tuple[dict, list[np.ndarray]]:
     """AllenNLP's seconds per pass, single-sentence latency and first-batch layers, from its own virtualenv."""
     export_hdf5(model_dir, f"{work_dir}{os.sep}")
     without_boundaries = [b["input_ids"][:, 1:-1].numpy() for b in [*batches, single]]  # equal-length rows
     np.savez(work_dir / "batches.npz", **{str(i): ids for i, ids in enumerate(without_boundaries[:-1])})
     np.save(work_dir / "single.npy", without_boundaries[-1])
-    subprocess.run([python, str(WORKER), str(work_dir), str(threads), str(repeats)], check=True)
+    subprocess.run([python, str(WORKER), str(work_dir), str(threads), str(repeats), str(device)], check=True)
     layers = np.load(work_dir / "layers.npz")
     return json.loads((work_dir / "result.json").read_text()), [layers[f"arr_{i}"] for i in range(len(layers.files))]
 
@@ -76,10 +80,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--allennlp-python", default=os.environ.get("ALLENNLP_PYTHON"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both models on it)")
     parser.add_argument("--matmuls", choices=["onednn", "mkl"], default="onednn",
                         help="this project's CPU matmuls: oneDNN (the default) or F.linear (MKL), to compare")
     args = parser.parse_args()
     modeling_elmo.USE_ONEDNN = args.matmuls == "onednn"
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
 
@@ -91,10 +97,14 @@ def main() -> None:
         for i in range(0, len(sentences), args.batch_size)
     ]
     single = dict(tokenizer([random_sentences(1, 20, seed=1)[0]], is_split_into_words=True, return_tensors="pt"))
+    on_device = [{key: value.to(device) for key, value in batch.items()} for batch in [*batches, single]]
+    device_batches, device_single = on_device[:-1], on_device[-1]
     n_tokens = args.sentences * args.length
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        f"matmuls: {'oneDNN' if args.matmuls == 'onednn' and modeling_elmo.onednn_available() else 'F.linear'}")
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
-          f"matmuls: {'oneDNN' if args.matmuls == 'onednn' and modeling_elmo.onednn_available() else 'F.linear'}")
+          f"{where}")
     if not args.allennlp_python:
         print("AllenNLP columns skipped: AllenNLP is not installed here (pass --allennlp-python; see "
               "benchmarks/README.md)")
@@ -105,20 +115,20 @@ def main() -> None:
     print(header)
     for name in args.presets.split(","):
         torch.manual_seed(0)
-        model = ElmoModel(ElmoConfig.from_preset(name)).eval()
+        model = ElmoModel(ElmoConfig.from_preset(name)).eval().to(device)
         with torch.inference_mode():
             model.set_token_cache_size(0)
-            seconds = median_seconds(lambda m=model: [m(**batch) for batch in batches], args.repeats)
-            latency = median_seconds(lambda m=model: m(**single), args.repeats * 4)
-            ours_first = [layer.numpy() for layer in model(**batches[0]).hidden_states]
+            seconds = median_seconds(lambda m=model: [m(**b) for b in device_batches], args.repeats, device)
+            latency = median_seconds(lambda m=model: m(**device_single), args.repeats * 4, device)
+            ours_first = [layer.cpu().numpy() for layer in model(**device_batches[0]).hidden_states]
             model.set_token_cache_size(TOKEN_CACHE_SIZE)
-            cached_seconds = median_seconds(lambda m=model: [m(**batch) for batch in batches], args.repeats)
+            cached_seconds = median_seconds(lambda m=model: [m(**b) for b in device_batches], args.repeats, device)
         row = f"{name:<9} {n_tokens / seconds:>9.0f} {latency * 1e3:>10.1f} {n_tokens / cached_seconds:>12.0f}"
         if args.allennlp_python:
             with tempfile.TemporaryDirectory() as folder:
                 model.save_pretrained(Path(folder) / "model")
                 theirs, their_layers = run_allennlp(args.allennlp_python, Path(folder) / "model", batches, single,
-                                                    args.threads, args.repeats, Path(folder))
+                                                    args.threads, args.repeats, Path(folder), device)
             difference = max(float(np.abs(a - b).max()) for a, b in zip(ours_first, their_layers))
             row += (f" {n_tokens / theirs['seconds']:>14.0f} {theirs['seconds'] / seconds:>6.2f}"
                     f" {theirs['latency'] * 1e3:>11.1f} {theirs['latency'] / latency:>6.2f} {difference:>10.2e}")
