@@ -219,10 +219,13 @@ class ElmoCharCNN(nn.Module):
         return self.projection(self.highway(torch.cat(pooled, dim=-1)))
 
     def _embed_words_cached(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """`embed_words` through the cache; it is emptied whenever a weight, the device or the dtype changes."""
+        """`embed_words` through the cache; it is emptied whenever a weight, the device, the dtype or the autocast
+        setting changes."""
         weight = self.char_embedding.weight
+        device = weight.device.type
+        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         # In-place updates bump `_version`; optimizers that assign `.data` (e.g. Thinc's) change the pointer.
-        state = (weight.device, weight.dtype, tuple((p.data_ptr(), p._version) for p in self.parameters()))
+        state = (weight.device, weight.dtype, autocast, tuple((p.data_ptr(), p._version) for p in self.parameters()))
         if state != self._cache_state:
             self._cache.clear()
             self._cache_state = state

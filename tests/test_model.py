@@ -322,6 +322,17 @@ def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenize
         for model in (cached, uncached):
             model.char_cnn.projection.weight.data = model.char_cnn.projection.weight.data * 1.5
         torch.testing.assert_close(cached(**encoded).last_hidden_state, uncached(**encoded).last_hidden_state)
+    # Vectors cached under autocast (bfloat16) are not served to a float32 call, nor the other way round.
+    cached.set_token_cache_size(100)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = cached(**encoded).last_hidden_state
+            assert low.dtype == torch.bfloat16
+        full = cached(**encoded).last_hidden_state
+        assert full.dtype == torch.float32
+        torch.testing.assert_close(full, uncached(**encoded).last_hidden_state)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.testing.assert_close(cached(**encoded).last_hidden_state, low)
     assert len(pickle.loads(pickle.dumps(cached)).char_cnn._cache) == 0  # pickles leave the cache behind
     # Training never reads or fills it.
     cached.set_token_cache_size(100)
