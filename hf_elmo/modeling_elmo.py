@@ -295,6 +295,12 @@ class ElmoLstmLayer(nn.Module):
             self._packed_state = state
         return self._packed
 
+    def _bias_with_forget_bias(self) -> torch.Tensor:
+        """(2, 4D) bias with `FORGET_BIAS` added to the forget gate, as TensorFlow's cell does (gates i, j, f, o)."""
+        cell = self.bias.shape[1] // 4
+        return torch.cat([self.bias[:, : 2 * cell], self.bias[:, 2 * cell : 3 * cell] + FORGET_BIAS,
+                          self.bias[:, 3 * cell :]], dim=1)
+
     @staticmethod
     def _both_directions(
         x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor] | None, add: list[torch.Tensor] | None = None
@@ -323,8 +329,7 @@ class ElmoLstmLayer(nn.Module):
             return inputs.new_zeros(2, batch, steps, hidden), state
         # TensorFlow's gate order (i, j, f, o) → PyTorch's (i, f, g, o).
         gates = torch.arange(4 * cell, device=inputs.device).view(4, cell)[[0, 2, 1, 3]].flatten()
-        bias = self.bias.clone()
-        bias[:, 2 * cell : 3 * cell] += FORGET_BIAS
+        bias = self._bias_with_forget_bias()
         lstm = nn.LSTM(input_dim, cell, proj_size=hidden if self.projection_weight is not None else 0,
                        batch_first=True, device="meta")
         outputs, final_h, final_c = [], [], []
@@ -363,8 +368,7 @@ class ElmoLstmLayer(nn.Module):
         h, c = state[0][:, :started], state[1][:, :started]
         packed_recurrent, packed_projection = self._packed_weights(inputs) or (None, None)
         cell = self.recurrent_weight.shape[1] // 4
-        bias = self.bias.clone()
-        bias[:, 2 * cell : 3 * cell] += FORGET_BIAS  # TensorFlow adds it to the forget gate (TF gate order i, j, f, o)
+        bias = self._bias_with_forget_bias()
         outputs, finished_h, finished_c = [], [], []
         for start in range(0, steps, LSTM_TIME_CHUNK):
             active = batch_sizes[start]
