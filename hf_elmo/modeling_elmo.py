@@ -419,9 +419,7 @@ class ElmoBiLstm(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.projection_dim = config.projection_dim
         self.lstm_dim = config.lstm_dim
-        self.clipped = config.cell_clip is not None or (
-            config.proj_clip is not None and config.projection_dim < config.lstm_dim
-        )
+        self.clipped = any(layer.cell_clip is not None or layer.proj_clip is not None for layer in self.layers)
         self.fused_lstm = "auto"  # see `ElmoModel.set_fused_lstm`
 
     def uses_fused_lstm(self, reference: torch.Tensor) -> bool:
