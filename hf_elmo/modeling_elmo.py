@@ -140,6 +140,10 @@ class ElmoLinear(nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+class ElmoHighwayLayer(ElmoLinear):
+    """One highway layer's Linear(F, 2F): the transform, then the gate (its own class for its initialisation)."""
+
+
 class ElmoHighway(nn.Module):
     """Highway layers: y = t * relu(W_transform x) + (1 - t) * x with gate t = sigmoid(W_carry x).
 
@@ -149,7 +153,7 @@ class ElmoHighway(nn.Module):
 
     def __init__(self, dim: int, n_layers: int):
         super().__init__()
-        self.layers = nn.ModuleList(ElmoLinear(dim, 2 * dim) for _ in range(n_layers))
+        self.layers = nn.ModuleList(ElmoHighwayLayer(dim, 2 * dim) for _ in range(n_layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(words, F) → (words, F)"""
@@ -487,29 +491,35 @@ class ElmoPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """bilm-tf's initialisation (training.py)."""
+        """bilm-tf's initialisation (training.py), applied to each module that owns parameters.
+
+        transformers calls this per module, children first, and skips modules without parameters of their own in
+        custom code, so the rules live on the parameter-owning modules (never on `ElmoCharCNN` or `ElmoHighway`).
+        `init.*` leave parameters loaded from a checkpoint alone; slices of a parameter are guarded by hand.
+        """
         config = self.config
-        if isinstance(module, ElmoCharCNN):
-            weight = module.char_embedding.weight
-            if not getattr(weight, "_is_hf_initialized", False):
-                init.uniform_(weight, -1.0, 1.0)
-                init.zeros_(weight[0])
-            for (width, _), conv in zip(config.filters, module.convs):
-                if config.activation == "relu":
-                    init.uniform_(conv.weight, -0.05, 0.05)
-                else:
-                    init.normal_(conv.weight, std=math.sqrt(1.0 / (width * config.char_embedding_dim)))
-                init.zeros_(conv.bias)
-            if isinstance(module.projection, nn.Linear):
-                init.normal_(module.projection.weight, std=math.sqrt(1.0 / config.n_filters))
-                init.zeros_(module.projection.bias)
-        elif isinstance(module, ElmoHighway):
-            for layer in module.layers:
-                dim = layer.in_features
-                init.normal_(layer.weight, std=math.sqrt(1.0 / dim))
-                if not getattr(layer.bias, "_is_hf_initialized", False):
-                    init.zeros_(layer.bias[:dim])
-                    init.constant_(layer.bias[dim:], -2.0)  # gate starts mostly closed: copy the input
+        if module is getattr(self, "softmax", None):  # the word softmax of ElmoForBidirectionalLM
+            init.normal_(module.weight, std=math.sqrt(1.0 / module.in_features))
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):  # characters, with an all-zero padding row
+            if not getattr(module.weight, "_is_hf_initialized", False):
+                init.uniform_(module.weight, -1.0, 1.0)
+                if module.padding_idx is not None:
+                    init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.Conv1d):  # one filter bank of the char CNN
+            if config.activation == "relu":
+                init.uniform_(module.weight, -0.05, 0.05)
+            else:
+                init.normal_(module.weight, std=math.sqrt(1.0 / (module.kernel_size[0] * module.in_channels)))
+            init.zeros_(module.bias)
+        elif isinstance(module, ElmoHighwayLayer):
+            init.normal_(module.weight, std=math.sqrt(1.0 / module.in_features))
+            if not getattr(module.bias, "_is_hf_initialized", False):
+                init.zeros_(module.bias[: module.in_features])
+                init.constant_(module.bias[module.in_features :], -2.0)  # gate mostly closed: copy the input
+        elif isinstance(module, nn.Linear):  # the char CNN's projection to the LSTM input width
+            init.normal_(module.weight, std=math.sqrt(1.0 / module.in_features))
+            init.zeros_(module.bias)
         elif isinstance(module, ElmoLstmLayer):
             cell, hidden = config.lstm_dim, config.projection_dim
             bound = math.sqrt(6.0 / (module.input_weight.shape[-1] + hidden + 4 * cell))  # glorot on [x; h]
@@ -519,9 +529,6 @@ class ElmoPreTrainedModel(PreTrainedModel):
             if module.projection_weight is not None:
                 bound = math.sqrt(6.0 / (cell + hidden))
                 init.uniform_(module.projection_weight, -bound, bound)
-        elif module is getattr(self, "softmax", None):  # the word softmax of ElmoForBidirectionalLM
-            init.normal_(module.weight, std=math.sqrt(1.0 / config.projection_dim))
-            init.zeros_(module.bias)
 
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
         """`PreTrainedModel.push_to_hub`; with the `hf_elmo` package installed, the repo then gets the ELMo model
