@@ -256,6 +256,38 @@ def test_sampled_softmax_removes_a_candidate_equal_to_the_target(monkeypatch):
     assert torch.isfinite(with_hit).all()
 
 
+def test_sampled_softmax_loss_and_gradients_equal_the_plain_autograd_formula(monkeypatch):
+    """The fused loss against the formula written with autograd: logsumexp over [true; candidates] of the logits
+    corrected by log expected counts, accidental hits removed."""
+    torch.manual_seed(0)
+    rows, dim, vocab = 40, 8, 60
+    hidden = torch.randn(rows, dim, requires_grad=True)
+    weight = torch.randn(vocab, dim, requires_grad=True)
+    bias = torch.randn(vocab, requires_grad=True)
+    targets = torch.randint(0, 20, (rows,))
+    candidates, tries = torch.tensor([4, 0, 17, 33, 2, 59, 11, 8]), 30  # several targets are accidental hits
+    monkeypatch.setattr(losses_module, "log_uniform_candidates", lambda n, v: (candidates, tries))
+    weights = torch.rand(rows)  # an uneven upstream gradient
+    (sampled_softmax_loss(hidden, targets, weight, bias, len(candidates)) * weights).sum().backward()
+    fused = [hidden.grad, weight.grad, bias.grad]
+
+    def log_count(ids: torch.Tensor) -> torch.Tensor:
+        return torch.log(-torch.expm1(tries * torch.log1p(-log_uniform_probability(ids, vocab)))).float()
+
+    hidden.grad = weight.grad = bias.grad = None
+    true = (hidden * weight[targets]).sum(-1) + bias[targets] - log_count(targets)
+    sampled = hidden @ weight[candidates].T + bias[candidates] - log_count(candidates)
+    sampled = sampled.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+    logits = torch.cat([true[:, None], sampled], dim=1)
+    reference = torch.logsumexp(logits, dim=1) - logits[:, 0]
+    (reference * weights).sum().backward()
+    assert (candidates[None, :] == targets[:, None]).any(dim=1).sum() >= 3
+    monkeypatch.setattr(losses_module, "log_uniform_candidates", lambda n, v: (candidates, tries))
+    torch.testing.assert_close(sampled_softmax_loss(hidden, targets, weight, bias, 8), reference.detach())
+    for got, expected in zip(fused, [hidden.grad, weight.grad, bias.grad]):
+        torch.testing.assert_close(got, expected)
+
+
 # -- checkpoints -------------------------------------------------------------------------------------------------
 
 def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):

@@ -61,11 +61,68 @@ def sampled_softmax_loss(
         probability = log_uniform_probability(ids, vocab_size)
         return torch.log(-torch.expm1(num_tries * torch.log1p(-probability))).float()
 
-    true_logits = (hidden * weight[targets]).sum(-1) + bias[targets] - log_expected_count(targets)
-    sampled_logits = hidden @ weight[candidates].T + bias[candidates] - log_expected_count(candidates)
-    sampled_logits = sampled_logits.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
-    logits = torch.cat([true_logits[:, None], sampled_logits], dim=1).float()
-    return torch.logsumexp(logits, dim=1) - logits[:, 0]
+    return _SampledSoftmaxLoss.apply(
+        hidden, targets, weight, bias, candidates, log_expected_count(targets), log_expected_count(candidates)
+    )
+
+
+class _SampledSoftmaxLoss(torch.autograd.Function):
+    """The sampled softmax loss and its gradient in few passes over the (rows, num_sampled) logits, which dominate
+    its cost: logits = hidden @ W[candidates]ᵀ + corrected biases, accidental hits set to -inf one by one, then
+    loss = logsumexp([true, sampled]) - true, with the probabilities kept for the backward pass (gradient
+    p - onehot). Matmuls run in the autocast dtype when autocast is on, the softmax in float32."""
+
+    @staticmethod
+    def forward(ctx, hidden, targets, weight, bias, candidates, log_count_targets, log_count_candidates):
+        dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            compute = dtype or hidden.dtype
+            h = hidden.to(compute)
+            w_candidates, w_targets = weight[candidates].to(compute), weight[targets].to(compute)
+            true = (h * w_targets).sum(-1).float() + bias[targets].float() - log_count_targets
+            corrected = (bias[candidates].float() - log_count_candidates).to(compute)
+            logits = torch.addmm(corrected, h, w_candidates.T).float()  # (rows, num_sampled)
+            # A candidate equal to a row's target is removed from that row ("accidental hit").
+            position = torch.full((weight.shape[0],), -1, dtype=torch.long, device=hidden.device)
+            position[candidates] = torch.arange(len(candidates), device=hidden.device)
+            hit = position[targets]
+            rows = (hit >= 0).nonzero().squeeze(1)
+            logits[rows, hit[rows]] = float("-inf")
+            top = torch.maximum(logits.amax(dim=1), true) if logits.shape[1] else true
+            probabilities = logits.sub_(top[:, None]).exp_()  # in place: the logits are not needed again
+            true_exp = torch.exp(true - top)
+            total = probabilities.sum(dim=1) + true_exp
+            loss = torch.log(total) + top - true
+            probabilities.div_(total[:, None])
+        ctx.save_for_backward(h, w_candidates, w_targets, targets, candidates, probabilities, true_exp / total)
+        ctx.vocab = weight.shape
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype)
+        ctx.used = False
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        if ctx.used:
+            raise RuntimeError("the sampled softmax loss supports one backward pass (its buffers are reused)")
+        ctx.used = True
+        h, w_candidates, w_targets, targets, candidates, probabilities, true_probability = ctx.saved_tensors
+        hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        grad_loss = grad_loss.float()
+        grad_sampled = probabilities.mul_(grad_loss[:, None])  # (rows, num_sampled): p * dloss
+        grad_true = (true_probability - 1.0) * grad_loss  # (rows,): (p_true - 1) * dloss
+        compute = h.dtype
+        with torch.autocast(h.device.type, enabled=False):
+            grad_sampled_c = grad_sampled.to(compute)
+            grad_hidden = grad_sampled_c @ w_candidates + grad_true[:, None].to(compute) * w_targets
+            grad_weight = torch.zeros(ctx.vocab, dtype=torch.float32, device=h.device)
+            grad_weight.index_add_(0, candidates, (grad_sampled_c.T @ h).float())
+            grad_weight.index_add_(0, targets, grad_true[:, None] * h.float())
+            grad_bias = torch.zeros(ctx.vocab[0], dtype=torch.float32, device=h.device)
+            grad_bias.index_add_(0, candidates, grad_sampled.sum(dim=0))
+            grad_bias.index_add_(0, targets, grad_true)
+        return (grad_hidden.to(hidden_dtype), None, grad_weight.to(weight_dtype), grad_bias.to(bias_dtype),
+                None, None, None)
 
 
 def full_softmax_loss(
