@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from spacy.tokens import Doc
 from spacy.util import SimpleFrozenDict, registry
-from thinc.api import Dropout, Linear, Model, chain, with_array
+from thinc.api import Dropout, Linear, Model, PyTorchLSTM, chain, concatenate, with_array, with_padded
 from thinc.types import Floats2d, Floats3d
 
 from hf_elmo import DEFAULT_MODEL_NAME
@@ -57,6 +57,25 @@ def scalar_mix_v1(
     return scalar_mix(n_layers, trainable, layer_dropout, layer_norm, initial_scalars)
 
 
+@registry.architectures("spacy-elmo.ScalarMix.v2")
+def scalar_mix_v2(
+    n_layers: int = 3,
+    trainable: bool = True,
+    layer_dropout: float = 0.0,
+    layer_norm: bool = False,
+    initial_scalars: list[float] | None = None,
+    l2: float = 0.001,
+) -> Model[list[Floats3d], list[Floats2d]]:
+    """`spacy-elmo.ScalarMix.v1` with the paper's regulariser `l2 * ||s||^2` on the layer scores.
+
+    l2 (float): lambda; 1 keeps the mix close to the average of the layers, 0.001 (the paper's default) lets the
+        weights vary, 0 turns it off. It adds `2 * l2 * s` to the gradient of `s` at every update, on the scale of
+        the task's loss gradient.
+    n_layers, trainable, layer_dropout, layer_norm, initial_scalars: as in `spacy-elmo.ScalarMix.v1`.
+    """
+    return scalar_mix(n_layers, trainable, layer_dropout, layer_norm, initial_scalars, l2)
+
+
 @registry.architectures("spacy-elmo.ElmoListener.v1")
 def elmo_listener_v1(
     width: int,
@@ -98,6 +117,50 @@ def tok2vec_elmo_v1(
     freeze (bool): keep the biLM fixed (no autograd graph); false fine-tunes it with this component.
     """
     return _mixed(standalone_bilm(bilm, freeze, grad_factor), mix, width, dropout, project_to)
+
+
+@registry.architectures("spacy-elmo.Tok2VecWithElmo.v1")
+def tok2vec_with_elmo_v1(
+    embed: Model[list[Doc], list[Floats2d]],
+    width: int,
+    depth: int = 1,
+    dropout: float = 0.0,
+    elmo: Model[list[Doc], list[Floats2d]] | None = None,
+    elmo_output: Model[list[Doc], list[Floats2d]] | None = None,
+) -> Model[list[Doc], list[Floats2d]]:
+    """The paper's task encoder: the task's own token features `x_k` concatenated with a task mix of ELMo,
+    `[x_k; ELMo_k]`, into a task biLSTM; with `elmo_output`, a second mix (its own `s`, `gamma`) concatenated to
+    the biLSTM's output, `[h_k; ELMo_k]` (Peters et al. 2018, section 3.3). Without `elmo` it is the same task
+    model without ELMo (the baseline of a with/without comparison).
+
+    embed (Model): the task's own context-independent features, e.g. `spacy.MultiHashEmbed.v2` (with static
+        vectors when the pipeline has them).
+    width (int): the biLSTM's output width (both directions); its input width is embed's plus ELMo's.
+    depth (int): biLSTM layers.
+    dropout (float): dropout between the biLSTM layers.
+    elmo (Model or None): an ELMo listener (`spacy-elmo.ElmoListener.v1`, with dropout) at the input.
+    elmo_output (Model or None): an ELMo listener at the output.
+    """
+    inputs = embed if elmo is None else concatenate(embed, elmo)
+    input_width = sum(output_width(layer) for layer in (embed, elmo) if layer is not None)
+    model = chain(inputs, with_padded(PyTorchLSTM(width, input_width, bi=True, depth=depth, dropout=dropout)))
+    if elmo_output is not None:
+        model = concatenate(model, elmo_output)
+    model.set_dim("nO", width + (output_width(elmo_output) if elmo_output is not None else 0), force=True)
+    return model
+
+
+def output_width(model: Model) -> int:
+    """The output width of a layer: its `nO`, else that of the last of its sublayers that has one (a `chain` such
+    as `spacy.MultiHashEmbed.v2` leaves its own unset)."""
+    if model.has_dim("nO") is True:
+        return model.get_dim("nO")
+    for layer in reversed(model.layers):
+        try:
+            return output_width(layer)
+        except ValueError:
+            continue
+    raise ValueError(f"cannot tell the output width of the layer '{model.name}': set its nO")
 
 
 def _mixed(

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +21,9 @@ from .corpora import read_conll2003, read_sst5, write_docbin
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 TASKS = ("ner", "textcat")
+# Where the task model takes ELMo (the paper's Table 3): at its input, at the input and the output of its biLSTM,
+# or nowhere (the same task model without ELMo, for with/without comparisons).
+ELMO_PLACEMENTS = ("input", "input+output", "none")
 
 app = typer.Typer(
     name="spacy_elmo", help="ELMo for spaCy: training configs and corpus converters.", no_args_is_help=True
@@ -28,6 +32,11 @@ Task = Annotated[str, typer.Argument(help="ner or textcat")]
 ConfigOutput = Annotated[Path, typer.Argument(help="config file to write", dir_okay=False)]
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="converted biLM (directory or Hub id) to train with")
+]
+ElmoOption = Annotated[
+    str | None,
+    typer.Option("--elmo", help="where the task model takes ELMo: input, input+output or none (default: the "
+                 "shipped config's: input for ner, input+output for textcat)"),
 ]
 DocBinOutput = Annotated[Path, typer.Argument(help=".spacy file to write", dir_okay=False)]
 Limit = Annotated[int | None, typer.Option("--limit", help="write only the first N Docs")]
@@ -40,9 +49,10 @@ def base_config_path(task: str) -> Path:
     return CONFIGS_DIR / f"{task}.cfg"
 
 
-def make_config(task: str, model: str | None = None) -> Config:
+def make_config(task: str, model: str | None = None, elmo: str | None = None) -> Config:
     """The shipped config of `task` (for the `"default"` biLM); with `model` (a biLM directory or Hub id), its path
-    and the layer width and count of that biLM (read from its config.json only)."""
+    and the layer width and count of that biLM (read from its config.json only); with `elmo`, ELMo where it says
+    (see `ELMO_PLACEMENTS`)."""
     config = Config().from_disk(base_config_path(task), interpolate=False)
     if model:
         from hf_elmo import ElmoConfig, model_location
@@ -51,12 +61,33 @@ def make_config(task: str, model: str | None = None) -> Config:
         config["paths"]["elmo_model"] = str(model)
         config["elmo"]["width"] = elmo_config.output_dim
         config["elmo"]["n_layers"] = elmo_config.num_output_layers
+    if elmo is not None:
+        place_elmo(config, task, elmo)
     return config
 
 
-def write_config(task: str, output: Path, model: str | None = None) -> Path:
+def place_elmo(config: Config, task: str, placement: str) -> None:
+    """Make the task's `spacy-elmo.Tok2VecWithElmo.v1` take ELMo at `placement` (one of `ELMO_PLACEMENTS`); "none"
+    also removes the `elmo` component, its weights and its settings."""
+    if placement not in ELMO_PLACEMENTS:
+        raise ValueError(f"unknown ELMo placement {placement!r}; choose one of {', '.join(ELMO_PLACEMENTS)}")
+    tok2vec = config["components"][task]["model"]["tok2vec"]
+    if placement == "input+output":
+        tok2vec.setdefault("elmo_output", copy.deepcopy(tok2vec["elmo"]))
+    else:
+        tok2vec.pop("elmo_output", None)
+    if placement == "none":
+        del tok2vec["elmo"]
+        del config["components"]["elmo"]
+        del config["initialize"]["components"]["elmo"]
+        del config["elmo"]
+        del config["paths"]["elmo_model"]
+        config["nlp"]["pipeline"] = [name for name in config["nlp"]["pipeline"] if name != "elmo"]
+
+
+def write_config(task: str, output: Path, model: str | None = None, elmo: str | None = None) -> Path:
     """Write the config of `task` (see `make_config`) to `output`."""
-    config = make_config(task, model)
+    config = make_config(task, model, elmo)
     header = f"# Written by `python -m spacy_elmo init-config {task}`; commented original: {base_config_path(task)}\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(header + config.to_str(), encoding="utf-8")
@@ -64,17 +95,23 @@ def write_config(task: str, output: Path, model: str | None = None) -> Path:
 
 
 @app.command("init-config")
-def init_config_command(task: Task, output: ConfigOutput, model: ModelOption = None) -> None:
+def init_config_command(
+    task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None
+) -> None:
     """Write a training config for an ELMo NER or text classification pipeline."""
     if task not in TASKS:
         raise typer.BadParameter(f"choose one of {', '.join(TASKS)}", param_hint="TASK")
-    typer.echo(f"wrote {write_config(task, output, model)}")
+    if elmo is not None and elmo not in ELMO_PLACEMENTS:
+        raise typer.BadParameter(f"choose one of {', '.join(ELMO_PLACEMENTS)}", param_hint="--elmo")
+    typer.echo(f"wrote {write_config(task, output, model, elmo)}")
 
 
 @init_cli.command("elmo-config")
-def spacy_init_elmo_config(task: Task, output: ConfigOutput, model: ModelOption = None) -> None:
+def spacy_init_elmo_config(
+    task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None
+) -> None:
     """Write a training config for an ELMo NER or text classification pipeline (spacy-elmo)."""
-    init_config_command(task, output, model)
+    init_config_command(task, output, model, elmo)
 
 
 @app.command("convert-conll2003")

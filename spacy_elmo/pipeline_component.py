@@ -32,8 +32,9 @@ mixed_precision = false
 grad_scaler_config = {{}}
 
 [model.get_spans]
-@misc = "spacy-elmo.sent_spans.v1"
+@misc = "spacy-elmo.sent_spans.v2"
 max_length = 200
+punct_chars = null
 """
 DEFAULT_CONFIG = Config().from_str(DEFAULT_CONFIG_STR)
 STORE_DTYPES = ("float32", "float16")
@@ -114,6 +115,12 @@ class Elmo(TrainablePipe):
         # How Language.replace_listeners turns a listener into a standalone copy of this biLM (and its config).
         model.attrs["replace_listener"] = replace_listener
         model.attrs["replace_listener_cfg"] = partial(replace_listener_cfg, freeze=freeze)
+
+    @property
+    def is_trainable(self) -> bool:
+        """Frozen, the biLM learns nothing: spaCy then neither calls `finish_update` nor logs a loss column for it
+        (the listeners still get the layers: `update` runs for every component with an `update` method)."""
+        return not self.freeze
 
     # -- listeners (spaCy's ListenedToComponent protocol) --------------------------------------------------
     @property

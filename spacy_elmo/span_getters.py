@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import partial
 
+from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc, Span
 from spacy.util import registry
 
@@ -32,6 +33,19 @@ def sent_spans(docs: Iterable[Doc], max_length: int = 200) -> list[list[Span]]:
     return result
 
 
+def sentence_spans(docs: Iterable[Doc], sentencizer: Sentencizer, max_length: int = 200) -> list[list[Span]]:
+    """The Doc's own sentences when it has boundaries, else `sentencizer`'s, computed for the biLM only."""
+    result = []
+    for doc in docs:
+        if doc.has_annotation("SENT_START"):
+            starts = [sent.start for sent in doc.sents]
+        else:
+            starts = [i for i, is_start in enumerate(sentencizer.predict([doc])[0]) if is_start]
+        bounds = zip(starts, [*starts[1:], len(doc)])
+        result.append([window for start, end in bounds for window in _windows(doc, start, end, max_length)])
+    return result
+
+
 def doc_spans(docs: Iterable[Doc], max_length: int = 512) -> list[list[Span]]:
     """The whole Doc as one sequence (e.g. a short review), cut into windows of `max_length` tokens."""
     return [list(_windows(doc, 0, len(doc), max_length)) for doc in docs]
@@ -51,6 +65,20 @@ def configure_sent_spans(max_length: int = 200) -> SpanGetter:
     """
     _check_max_length(max_length)
     return partial(sent_spans, max_length=max_length)
+
+
+@registry.misc("spacy-elmo.sent_spans.v2")
+def configure_sentence_spans(max_length: int = 200, punct_chars: list[str] | None = None) -> SpanGetter:
+    """Sentences, always: the Doc's own (from a parser or senter earlier in the pipeline), else those of spaCy's
+    rule-based sentencizer, found for the biLM only and never written to the Doc, so no task is constrained by
+    them (a sentencizer component's boundary inside a gold entity stops NER training with spaCy's E024). A
+    sentence longer than `max_length` is cut into windows.
+
+    max_length (int): the longest sequence the biLM reads.
+    punct_chars (list of str or None): the sentencizer's sentence-final characters; null = spaCy's default.
+    """
+    _check_max_length(max_length)
+    return partial(sentence_spans, sentencizer=Sentencizer(punct_chars=punct_chars), max_length=max_length)
 
 
 @registry.misc("spacy-elmo.doc_spans.v1")

@@ -5,13 +5,15 @@ config (`spacy debug config`, `spacy.load`) never reads the weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from spacy.util import SimpleFrozenDict, registry
+from transformers.utils import logging as transformers_logging
 
 from hf_elmo import ElmoConfig, ElmoModel, model_location
 
@@ -27,7 +29,20 @@ def load_pretrained(name: str | Path | None, revision: str | None = None) -> Elm
             "spacy-elmo.PretrainedWeights.v1 has no `name`: give the biLM's directory or Hub id (or \"default\"), "
             "e.g. `--paths.elmo_model path/to/converted-elmo` with the shipped configs."
         )
-    return ElmoModel.from_pretrained(model_location(name), revision=revision).eval()
+    with no_transformers_progress_bars():
+        return ElmoModel.from_pretrained(model_location(name), revision=revision).eval()
+
+
+@contextmanager
+def no_transformers_progress_bars() -> Iterator[None]:
+    """Keep transformers' "Loading weights" bar out of spaCy's output (e.g. the `spacy train` log)."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def load_allennlp(options_file: str | Path, weight_file: str | Path) -> ElmoModel:

@@ -17,9 +17,9 @@ from spacy_fixtures import (
 )
 from thinc.api import Config
 
-from spacy_elmo.architectures import elmo_bilm_v1, elmo_listener_v1, scalar_mix_v1, tok2vec_elmo_v1
+from spacy_elmo.architectures import elmo_bilm_v1, elmo_listener_v1, scalar_mix_v1, scalar_mix_v2, tok2vec_elmo_v1
 from spacy_elmo.layers import ElmoListener, set_bilm_weights
-from spacy_elmo.span_getters import configure_doc_spans, configure_sent_spans
+from spacy_elmo.span_getters import configure_doc_spans, configure_sent_spans, configure_sentence_spans
 from spacy_elmo.weights import load_pretrained, random_bilm
 
 
@@ -33,8 +33,8 @@ def random_layers(seed: int = 0, lengths=(4, 0, 7)) -> list[np.ndarray]:
     return [rng.normal(size=(3, n, 5)).astype("float32") for n in lengths]
 
 
-def make_mix(s=(0.1, 0.3, 0.5), gamma=1.1, **settings):
-    mix = scalar_mix_v1(3, **settings)
+def make_mix(s=(0.1, 0.3, 0.5), gamma=1.1, l2=0.0, **settings):
+    mix = scalar_mix_v2(3, l2=l2, **settings)
     mix.initialize()
     mix.set_param("s", np.asarray(s, dtype="float32"))
     mix.set_param("gamma", np.asarray([gamma], dtype="float32"))
@@ -52,15 +52,17 @@ def test_scalar_mix_is_gamma_times_softmax_weighted_sum():
     np.testing.assert_allclose(default.predict(Xs)[0], Xs[0].mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("layer_norm", [False, True])
-def test_scalar_mix_gradients_match_finite_differences(layer_norm):
+@pytest.mark.parametrize("layer_norm, l2", [(False, 0.0), (True, 0.0), (False, 1.0), (True, 0.001)])
+def test_scalar_mix_gradients_match_finite_differences(layer_norm, l2):
+    """The gradient of sum(Y * dY) + l2 * ||s||^2 (the paper's regulariser)."""
     Xs = random_layers(1, lengths=(3, 2))
-    mix = make_mix(layer_norm=layer_norm)
+    mix = make_mix(layer_norm=layer_norm, l2=l2)
     rng = np.random.default_rng(2)
     dYs = [rng.normal(size=(len(X[0]), 5)).astype("float32") for X in Xs]
 
     def loss() -> float:
-        return float(sum((Y.astype("float64") * dY).sum() for Y, dY in zip(mix.predict(Xs), dYs)))
+        task = sum((Y.astype("float64") * dY).sum() for Y, dY in zip(mix.predict(Xs), dYs))
+        return float(task + l2 * (mix.get_param("s").astype("float64") ** 2).sum())
 
     def numeric_gradient(array: np.ndarray, index, eps: float = 1e-3) -> float:
         """Central difference of `loss` in `array[index]` (restored afterwards)."""
@@ -100,7 +102,17 @@ def test_untrainable_mix_gets_no_gradient():
     assert not mix.has_grad("s") and not mix.has_grad("gamma")
 
 
+def test_the_mix_regulariser_pulls_the_layer_scores_towards_uniform():
+    mix = make_mix(s=(2.0, -1.0, 0.5), l2=1.0)
+    _, backprop = mix.begin_update(random_layers())
+    backprop([np.zeros((n, 5), dtype="float32") for n in (4, 0, 7)])  # no task gradient: the penalty alone
+    np.testing.assert_allclose(mix.get_grad("s"), [4.0, -2.0, 1.0], rtol=1e-6)
+    assert scalar_mix_v1(3).attrs["l2"] == 0.0  # v1 keeps its meaning
+
+
 def test_scalar_mix_rejects_layers_that_do_not_match():
+    with pytest.raises(ValueError, match="l2"):
+        scalar_mix_v2(3, l2=-1.0)
     with pytest.raises(ValueError, match="initial_scalars"):
         scalar_mix_v1(3, initial_scalars=[0.0, 1.0])
     with pytest.raises(ValueError, match="n_layers"):
@@ -153,6 +165,23 @@ def test_span_getters_cut_long_spans_into_windows():
     assert configure_doc_spans(5)([nlp("")]) == [[]]
     with pytest.raises(ValueError, match="max_length"):
         configure_sent_spans(0)
+
+
+def test_sentence_spans_find_sentences_for_the_biLM_without_annotating_the_doc():
+    nlp = spacy.blank("en")
+    doc = nlp("One two three . Four five six seven eight ! Nine")
+    get_spans = configure_sentence_spans(4)
+    assert [s.text for s in get_spans([doc])[0]] == ["One two three .", "Four five six seven", "eight !", "Nine"]
+    assert not doc.has_annotation("SENT_START")  # found for the biLM only
+    doc[2].is_sent_start = True  # the Doc's own boundaries (a parser's, a senter's) come first
+    for token in doc[1:]:
+        if token.i != 2:
+            token.is_sent_start = False
+    assert [s.text for s in get_spans([doc])[0]] == ["One two", "three . Four five", "six seven eight !", "Nine"]
+    assert [s.text for s in configure_sentence_spans(10, punct_chars=["!"])([nlp("a . b ! c")])[0]] == ["a . b !", "c"]
+    assert get_spans([nlp("")]) == [[]]
+    with pytest.raises(ValueError, match="max_length"):
+        configure_sentence_spans(0)
 
 
 def test_bilm_layer_loads_lazily_and_backpropagates_into_the_biLM(elmo_dir):

@@ -37,13 +37,17 @@ TEXTS = [
 # Small task layers, so that a few CPU steps train something.
 OVERRIDES = {
     "ner": {
-        "components.ner.model.tok2vec.embed.project_to": 32,
-        "components.ner.model.tok2vec.encode.width": 32,
+        "components.ner.model.tok2vec.elmo.project_to": 32,
+        "components.ner.model.tok2vec.embed.width": 16,
+        "components.ner.model.tok2vec.width": 32,
         "training.batcher.size": 300,
         "training.optimizer.learn_rate": 0.005,
     },
     "textcat": {
-        "components.textcat.model.tok2vec.project_to": 32,
+        "components.textcat.model.tok2vec.elmo.project_to": 32,
+        "components.textcat.model.tok2vec.elmo_output.project_to": 32,
+        "components.textcat.model.tok2vec.embed.width": 16,
+        "components.textcat.model.tok2vec.width": 32,
         "training.batcher.size.start": 5000,  # the whole slice in every batch
         "training.batcher.size.stop": 5000,
         "training.optimizer.learn_rate": 0.02,
@@ -100,9 +104,10 @@ def trained(tmp_path_factory):
     return work, outputs, pretrained
 
 
-def scalar_mix(nlp, component):
-    [node] = [node for node in nlp.get_pipe(component).model.walk() if node.name == "elmo_scalar_mix"]
-    return node.get_param("s"), node.get_param("gamma")
+def scalar_mixes(nlp, component) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(s, gamma) of each ELMo mix of the component: one at the input (ner), one more at the output (textcat)."""
+    nodes = [node for node in nlp.get_pipe(component).model.walk() if node.name == "elmo_scalar_mix"]
+    return [(node.get_param("s"), node.get_param("gamma")) for node in nodes]
 
 
 @pytest.mark.parametrize("task", ["ner", "textcat"])
@@ -117,8 +122,10 @@ def test_losses_fall_and_the_task_mix_trains(trained, task):
 def test_mix_trained_and_frozen_biLM_bit_identical(trained, task):
     _, outputs, pretrained = trained
     nlp = spacy.load(outputs[task] / "model-last")
-    s, gamma = scalar_mix(nlp, task)
-    assert np.abs(s).max() > 1e-3 and abs(float(gamma[0]) - 1.0) > 1e-3
+    mixes = scalar_mixes(nlp, task)
+    assert len(mixes) == {"ner": 1, "textcat": 2}[task]
+    for s, gamma in mixes:
+        assert np.abs(s).max() > 1e-3 and abs(float(gamma[0]) - 1.0) > 1e-3
     state = nlp.get_pipe("elmo").model.shims[0].elmo.state_dict()
     assert state.keys() == pretrained.keys()
     assert all(torch.equal(state[name], pretrained[name]) for name in state)
@@ -218,11 +225,11 @@ def test_sourced_and_replaced_listeners_reload(trained, tmp_path):
     assert sourced.get_pipe("elmo").listening_components == ["ner"]
     np.testing.assert_allclose(tok2vec_outputs(sourced, TEXTS), expected, atol=1e-5)
 
-    config["components"]["ner"]["replace_listeners"] = ["model.tok2vec.embed"]  # nested in spacy.Tok2Vec.v2
+    config["components"]["ner"]["replace_listeners"] = ["model.tok2vec.elmo"]  # nested in Tok2VecWithElmo.v1
     standalone = spacy.util.load_model_from_config(config, auto_fill=True)
     assert standalone.get_pipe("elmo").listening_components == []
-    embed = standalone.config["components"]["ner"]["model"]["tok2vec"]["embed"]
-    assert embed["@architectures"] == "spacy-elmo.Tok2VecElmo.v1" and embed["freeze"] is True
+    elmo = standalone.config["components"]["ner"]["model"]["tok2vec"]["elmo"]
+    assert elmo["@architectures"] == "spacy-elmo.Tok2VecElmo.v1" and elmo["freeze"] is True
     standalone.remove_pipe("elmo")
     standalone.to_disk(tmp_path / "standalone")
     reloaded = spacy.load(tmp_path / "standalone")

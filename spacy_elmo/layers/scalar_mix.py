@@ -1,7 +1,8 @@
 """The task-specific scalar mix of the paper, as a Thinc layer: `gamma * sum_j softmax(s)_j * h_j`.
 
 Input: per Doc the biLM layers (n_layers, n_tokens, width); output: per Doc (n_tokens, width). Parameters `s`
-(n_layers,) and `gamma` (1,) live in the downstream component's model, so every task learns its own.
+(n_layers,) and `gamma` (1,) live in the downstream component's model, so every task learns its own. The paper's
+regulariser `l2 * ||s||^2` adds `2 * l2 * s` to the gradient of `s` at every update.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def scalar_mix(
     layer_dropout: float = 0.0,
     layer_norm: bool = False,
     initial_scalars: Sequence[float] | None = None,
+    l2: float = 0.0,
 ) -> Model[list[Floats3d], list[Floats2d]]:
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
@@ -28,6 +30,8 @@ def scalar_mix(
         raise ValueError(f"{len(initial_scalars)} initial_scalars for n_layers = {n_layers}")
     if not 0.0 <= layer_dropout < 1.0:
         raise ValueError(f"layer_dropout must be in [0, 1), got {layer_dropout}")
+    if l2 < 0:
+        raise ValueError(f"l2 must be >= 0, got {l2}")
     return Model(
         "elmo_scalar_mix",
         mix_forward,
@@ -40,6 +44,7 @@ def scalar_mix(
             "layer_dropout": layer_dropout,
             "layer_norm": layer_norm,
             "initial_scalars": list(initial_scalars) if initial_scalars is not None else [0.0] * n_layers,
+            "l2": l2,
         },
     )
 
@@ -92,7 +97,8 @@ def mix_forward(model: Model, Xs: list[Floats3d], is_train: bool) -> tuple[list[
             dX = (gamma * weights)[:, None, None] * dY[None]
             dXs.append(norm_backprop(dX) if norm_backprop is not None else dX)
         if model.attrs["trainable"]:
-            model.inc_grad("s", weights * (d_weights - (weights * d_weights).sum()))
+            s = model.get_param("s")
+            model.inc_grad("s", weights * (d_weights - (weights * d_weights).sum()) + 2 * model.attrs["l2"] * s)
             model.inc_grad("gamma", model.ops.asarray1f([d_gamma]))
         return dXs
 

@@ -1,0 +1,125 @@
+"""The shipped configs follow the paper (task features + ELMo, where `init-config --elmo` puts it) and train on
+every document of the full CoNLL-2003 and SST-5 training sets: spaCy's NER oracle
+finds a move sequence for each CoNLL-2003 document as `spacy train` builds its examples (re-tokenized from the text,
+`gold_preproc = false`), while the biLM still reads sentences; every SST-5 sentence is one non-empty Doc with one
+label."""
+
+from __future__ import annotations
+
+import pytest
+import spacy
+from elmo_fixtures import require
+from spacy.pipeline import Sentencizer
+from spacy.training import Example
+from spacy_fixtures import DATA, convert_fixture
+from thinc.api import Config
+
+from spacy_elmo.cli import make_config
+from spacy_elmo.corpora import read_conll2003, read_sst5
+from spacy_elmo.layers import ElmoListener
+
+
+@pytest.fixture(scope="module")
+def conll_examples() -> list[Example]:
+    """Every training document of CoNLL-2003 as `spacy.Corpus` gives it to `spacy train` with the shipped config
+    (10 sentences per Doc, as `convert-conll2003` writes them; predicted Docs re-tokenized from the text)."""
+    nlp = spacy.blank("en")
+    references = list(read_conll2003(require(DATA / "conll2003" / "iob2" / "train.txt"), nlp.vocab))
+    return [Example(nlp.make_doc(reference.text), reference) for reference in references]
+
+
+def ner_with_labels(examples: list[Example]):
+    """spaCy's NER with the moves of the corpus's labels (as `spacy train` initializes it)."""
+    nlp = spacy.blank("en")
+    ner = nlp.add_pipe("ner")
+    nlp.initialize(lambda: examples)
+    return ner
+
+
+def oracle_failures(ner, examples: list[Example]) -> list[int]:
+    failures = []
+    for index, example in enumerate(examples):
+        try:
+            ner.moves.get_oracle_sequence(example)
+        except ValueError as error:  # E024: "Could not find an optimal move to supervise the parser"
+            assert "E024" in str(error), error
+            failures.append(index)
+    return failures
+
+
+def test_every_conll2003_training_document_has_an_ner_oracle_and_the_biLM_reads_sentences(conll_examples):
+    assert len(conll_examples) == 1793
+    ner = ner_with_labels(conll_examples)
+    assert oracle_failures(ner, conll_examples) == []
+    # The shipped pipeline sets no sentence boundaries on the Docs; its span getter finds them for the biLM alone.
+    config = make_config("ner")
+    assert config["nlp"]["pipeline"] == ["elmo", "ner"] and config["training"]["annotating_components"] == []
+    get_spans = spacy.util.registry.resolve(Config({"x": config["components"]["elmo"]["model"]["get_spans"]}))["x"]
+    docs = [eg.predicted for eg in conll_examples[:200]]
+    spans = get_spans(docs)
+    assert not any(doc.has_annotation("SENT_START") for doc in docs)
+    # Sentences, not whole Docs: (CoNLL's sentences without final punctuation, e.g. datelines, join the next one).
+    gold_sentences = sum(len(list(eg.reference.sents)) for eg in conll_examples[:200])
+    assert 4 * len(docs) < sum(map(len, spans)) <= gold_sentences
+
+
+def test_an_annotating_sentencizer_breaks_the_ner_oracle(conll_examples):
+    """Why the shipped config has no sentencizer component: its boundaries inside gold entities (E024)."""
+    sentencizer = Sentencizer()
+    annotated = []
+    for example in conll_examples:
+        predicted = example.predicted.copy()
+        sentencizer(predicted)
+        annotated.append(Example(predicted, example.reference))
+    assert len(oracle_failures(ner_with_labels(conll_examples), annotated)) >= 1
+
+
+def test_every_sst5_training_sentence_is_one_labelled_doc():
+    nlp = spacy.blank("en")
+    docs = list(read_sst5(require(DATA / "sst5" / "train.tsv"), nlp.vocab))
+    assert len(docs) == 8544
+    assert all(len(doc) > 0 and sorted(doc.cats.values()) == [0, 0, 0, 0, 1] for doc in docs)
+    get_spans = spacy.util.registry.resolve(
+        Config({"x": make_config("textcat")["components"]["elmo"]["model"]["get_spans"]})
+    )["x"]
+    predicted = [nlp.make_doc(doc.text) for doc in docs]
+    assert all(len(spans) >= 1 for spans in get_spans(predicted))
+
+
+@pytest.fixture(scope="module")
+def fixture_bilm(tmp_path_factory):
+    return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
+
+
+@pytest.mark.parametrize("task", ["ner", "textcat"])
+@pytest.mark.parametrize("placement, n_listeners", [("input", 1), ("input+output", 2), ("none", 0)])
+def test_init_config_places_elmo_where_asked(fixture_bilm, task, placement, n_listeners):
+    config = make_config(task, str(fixture_bilm), elmo=placement)
+    config["components"][task]["model"]["tok2vec"]["embed"]["width"] = 8
+    config["components"][task]["model"]["tok2vec"]["width"] = 16
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    assert ("elmo" in nlp.pipe_names) == (placement != "none")
+    model = nlp.get_pipe(task).model
+    listeners = [node for node in model.walk() if isinstance(node, ElmoListener)]
+    mixes = [node for node in model.walk() if node.name == "elmo_scalar_mix"]
+    assert len(listeners) == len(mixes) == n_listeners
+    assert all(mix.attrs["l2"] == 0.001 for mix in mixes)
+    task_encoder = spacy.util.registry.resolve(
+        Config({"x": config.interpolate()["components"][task]["model"]["tok2vec"]})
+    )["x"]
+    assert task_encoder.get_dim("nO") == 16 + (256 if placement == "input+output" else 0)  # [h_k; ELMo_k]
+    if placement != "none":
+        assert nlp.get_pipe("elmo").listening_components == [task]
+        assert not nlp.get_pipe("elmo").is_trainable  # frozen: no loss column, no update in `spacy train`
+    reference = nlp.make_doc("Peter Blackburn flew to London .")
+    if task == "ner":
+        reference.ents = [reference.char_span(0, 15, "PER"), reference.char_span(24, 30, "LOC")]
+    else:
+        reference.cats = {"positive": 1.0, "negative": 0.0}
+    examples = [Example(nlp.make_doc(reference.text), reference)]
+    nlp.initialize(lambda: examples)
+    docs = list(nlp.pipe(["Peter Blackburn flew to London .", "A second text ."]))
+    features = model.get_ref("tok2vec").predict(docs)  # ner: one array of all tokens; textcat: one per Doc
+    assert (len(features) if task == "ner" else sum(len(x) for x in features)) == 10
+    losses = nlp.update(examples)
+    assert losses[task] > 0 and ("elmo" not in losses or losses["elmo"] == 0.0)
