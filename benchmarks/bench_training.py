@@ -2,6 +2,8 @@
 
     python benchmarks/bench_training.py --preset small --num-sampled 8192 --vocab-size 100000
     python benchmarks/bench_training.py --recipe training/ptb_cpu.yaml
+    python benchmarks/bench_training.py --recipe training/english_default.yaml --vocab-size 50000 \
+        --batch-tokens 2048 --num-sampled 4096 --model-config '{"cell_clip": 3, "proj_clip": 3}'   # one lever at a time
 
 Prints tokens/s (targets per direction = words + one `</S>` per sentence, the unit of `elmo pretrain`'s log) for
 batches of `--batch-tokens` padded positions of sentences of 10-40 words drawn from a Zipfian vocabulary, median
@@ -65,10 +67,12 @@ def _timed(function) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small", help="small, medium or original (a recipe names its own)")
-    parser.add_argument("--recipe", help="an `elmo pretrain` YAML recipe: its model_config, batch_tokens, num_sampled")
+    parser.add_argument("--recipe", help="an `elmo pretrain` YAML recipe: its model_config, batch_tokens, num_sampled, "
+                        "optimizer (the options below override it)")
     parser.add_argument("--vocab-size", type=int, default=10_000)
-    parser.add_argument("--num-sampled", type=int, default=0, help="0 = full softmax")
-    parser.add_argument("--batch-tokens", type=int, default=2048)
+    parser.add_argument("--num-sampled", type=int, help="0 = full softmax (default: the recipe's, else 0)")
+    parser.add_argument("--batch-tokens", type=int, help="padded positions per batch (default: recipe, else 2048)")
+    parser.add_argument("--model-config", default="{}", help="JSON of ElmoConfig fields over the recipe's")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
@@ -77,9 +81,9 @@ def main() -> None:
     torch.manual_seed(0)
 
     recipe = yaml.safe_load(open(args.recipe)) if args.recipe else {}
-    model_config = recipe.get("model_config", {})
-    batch_tokens = recipe.get("batch_tokens", args.batch_tokens)
-    num_sampled = recipe.get("num_sampled", args.num_sampled)
+    model_config = {**recipe.get("model_config", {}), **json.loads(args.model_config)}
+    batch_tokens = args.batch_tokens or recipe.get("batch_tokens", 2048)
+    num_sampled = args.num_sampled if args.num_sampled is not None else recipe.get("num_sampled", 0)
     vocabulary, sentences = random_corpus(2000, args.vocab_size)
     config = ElmoConfig.from_preset(recipe.get("preset", args.preset), **model_config, vocab_size=len(vocabulary))
     lm = ElmoForBidirectionalLM(config)
@@ -117,6 +121,7 @@ def main() -> None:
         "vocab_size": len(vocabulary),
         "softmax": f"sampled {num_sampled}" if num_sampled else "full",
         "batch_tokens": batch_tokens,
+        "clipping": [config.cell_clip, config.proj_clip],
         "threads": args.threads,
         "tokens_per_second": round(statistics.median(rates)),
         "step_gflops_per_second": round(statistics.median(flop_rates) / 1e9, 1),
