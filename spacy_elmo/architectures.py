@@ -141,6 +141,10 @@ def tok2vec_with_elmo_v1(
     elmo (Model or None): an ELMo listener (`spacy-elmo.ElmoListener.v1`, with dropout) at the input.
     elmo_output (Model or None): an ELMo listener at the output.
     """
+    for listener, position in ((elmo, "input"), (elmo_output, "output")):
+        for node in listener.walk() if listener is not None else ():
+            if node.name == "elmo_scalar_mix":
+                node.attrs["position"] = position  # read by `spacy_elmo.mix_weights`
     inputs = embed if elmo is None else concatenate(embed, elmo)
     input_width = sum(output_width(layer) for layer in (embed, elmo) if layer is not None)
     model = chain(inputs, with_padded(PyTorchLSTM(width, input_width, bi=True, depth=depth, dropout=dropout)))

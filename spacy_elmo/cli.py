@@ -1,5 +1,5 @@
-"""Command line: `python -m spacy_elmo init-config|convert-conll2003|convert-sst5`, and `spacy init elmo-config`
-(registered through the `spacy_cli` entry point).
+"""Command line: `python -m spacy_elmo init-config|convert-conll2003|convert-sst5|mix-weights`, and `spacy init
+elmo-config` (registered through the `spacy_cli` entry point).
 
     python -m spacy_elmo init-config ner config.cfg                 # the default English biLM; or --model DIR_OR_HUB_ID
     python -m spacy_elmo convert-conll2003 ../shared/data/conll2003/iob2/train.txt corpus/train.spacy
@@ -135,3 +135,19 @@ def convert_sst5_command(
     """Convert SST-5 sentences to a .spacy file with exclusive `cats`."""
     count = write_docbin(read_sst5(input_path, Vocab()), output, limit)
     typer.echo(f"wrote {count} docs to {output}")
+
+
+@app.command("mix-weights")
+def mix_weights_command(
+    pipeline: Annotated[Path, typer.Argument(help="a trained pipeline directory", exists=True, file_okay=False)],
+    plot: Annotated[Path | None, typer.Option("--plot", help="also draw them into this PNG (needs matplotlib)")] = None,
+) -> None:
+    """Print the learned ELMo layer weights softmax(s) and gamma of every task mix of a trained pipeline."""
+    import spacy
+
+    from .mix_weights import format_mix_weights, mix_weights, plot_mix_weights
+
+    mixes = mix_weights(spacy.load(pipeline))
+    typer.echo(format_mix_weights(mixes))
+    if plot is not None and mixes:
+        typer.echo(f"wrote {plot_mix_weights(mixes, plot)}")

@@ -106,7 +106,7 @@ def trained(tmp_path_factory):
 
 def scalar_mixes(nlp, component) -> list[tuple[np.ndarray, np.ndarray]]:
     """(s, gamma) of each ELMo mix of the component: one at the input (ner), one more at the output (textcat)."""
-    nodes = [node for node in nlp.get_pipe(component).model.walk() if node.name == "elmo_scalar_mix"]
+    nodes = [node for node in nlp.get_pipe(component).model.walk(order="dfs_pre") if node.name == "elmo_scalar_mix"]
     return [(node.get_param("s"), node.get_param("gamma")) for node in nodes]
 
 
@@ -234,3 +234,17 @@ def test_sourced_and_replaced_listeners_reload(trained, tmp_path):
     standalone.to_disk(tmp_path / "standalone")
     reloaded = spacy.load(tmp_path / "standalone")
     np.testing.assert_allclose(tok2vec_outputs(reloaded, TEXTS), expected, atol=1e-5)
+
+
+def test_mix_weights_cli_reads_every_task_mix(trained, tmp_path):
+    _, outputs, _ = trained
+    path = outputs["textcat"] / "model-last"
+    output = invoke(elmo_app, "mix-weights", path, "--plot", tmp_path / "weights.png")
+    lines = output.splitlines()
+    assert lines[0].split() == ["component", "position", "layer", "0", "layer", "1", "layer", "2", "gamma"]
+    assert [line.split()[:2] for line in lines[1:3]] == [["textcat", "input"], ["textcat", "output"]]
+    nlp = spacy.load(path)
+    for line, (s, gamma) in zip(lines[1:3], scalar_mixes(nlp, "textcat")):
+        weights = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+        assert [float(value) for value in line.split()[2:]] == pytest.approx([*weights, gamma[0]], abs=1e-3)
+    assert (tmp_path / "weights.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
