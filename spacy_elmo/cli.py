@@ -1,5 +1,5 @@
-"""Command line: `python -m spacy_elmo init-config|convert-conll2003|convert-sst5|mix-weights`, and `spacy init
-elmo-config` (registered through the `spacy_cli` entry point).
+"""Command line: `python -m spacy_elmo init-config|convert-conll2003|convert-sst5|convert-sst2|mix-weights`, and
+`spacy init elmo-config` (registered through the `spacy_cli` entry point).
 
     python -m spacy_elmo init-config ner config.cfg                 # the default English biLM; or --model DIR_OR_HUB_ID
     python -m spacy_elmo convert-conll2003 ../shared/data/conll2003/iob2/train.txt corpus/train.spacy
@@ -17,7 +17,7 @@ from spacy.cli._util import init_cli
 from spacy.vocab import Vocab
 from thinc.api import Config
 
-from .corpora import read_conll2003, read_sst5, write_docbin
+from .corpora import read_conll2003, read_sst2, read_sst5, write_docbin
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 TASKS = ("ner", "textcat")
@@ -134,6 +134,17 @@ def convert_sst5_command(
 ) -> None:
     """Convert SST-5 sentences to a .spacy file with exclusive `cats`."""
     count = write_docbin(read_sst5(input_path, Vocab()), output, limit)
+    typer.echo(f"wrote {count} docs to {output}")
+
+
+@app.command("convert-sst2")
+def convert_sst2_command(
+    input_path: Annotated[Path, typer.Argument(help="SST-2 file (label sentence): stsa.binary.train", exists=True)],
+    output: DocBinOutput,
+    limit: Limit = None,
+) -> None:
+    """Convert SST-2 sentences to a .spacy file with exclusive `cats` (negative, positive)."""
+    count = write_docbin(read_sst2(input_path, Vocab()), output, limit)
     typer.echo(f"wrote {count} docs to {output}")
 
 

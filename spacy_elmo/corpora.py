@@ -2,7 +2,8 @@
 
 * CoNLL-2003 (`eng.train` IOB1 or `iob2/train.txt` IOB2; columns `token POS chunk NER`): one Doc per
   `n_sents` sentences, never across a `-DOCSTART-` line; gold tokens, sentence starts, POS tags and entities.
-* SST-5 (`train.tsv`: `label<TAB>tokenized sentence`, labels 0-4): one Doc per sentence with exclusive `cats`.
+* SST-5 (`train.tsv`: `label<TAB>tokenized sentence`, labels 0-4) and SST-2 (`stsa.binary.train`: `label
+  tokenized sentence`, labels 0-1): one Doc per sentence with exclusive `cats`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from spacy.training.iob_utils import biluo_tags_to_spans, iob_to_biluo
 from spacy.vocab import Vocab
 
 SST5_LABELS = ("very_negative", "negative", "neutral", "positive", "very_positive")
+SST2_LABELS = ("negative", "positive")
 
 
 def read_conll2003(path: str | Path, vocab: Vocab, n_sents: int = 10) -> Iterator[Doc]:
@@ -71,16 +73,27 @@ def _conll_doc(vocab: Vocab, sentences: list[list[list[str]]]) -> Doc:
 
 def read_sst5(path: str | Path, vocab: Vocab) -> Iterator[Doc]:
     """One Doc per line of an SST-5 TSV file (`label<TAB>sentence`), gold tokens, one-hot `cats`."""
+    return _labelled_sentences(path, vocab, SST5_LABELS, "\t")
+
+
+def read_sst2(path: str | Path, vocab: Vocab) -> Iterator[Doc]:
+    """One Doc per line of an SST-2 file (`label sentence`, e.g. `stsa.binary.train`), gold tokens, one-hot `cats`."""
+    return _labelled_sentences(path, vocab, SST2_LABELS, " ")
+
+
+def _labelled_sentences(path: str | Path, vocab: Vocab, labels: tuple[str, ...], separator: str) -> Iterator[Doc]:
+    """One Doc per line `label<separator>tokenized sentence` (label = the index into `labels`)."""
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            label, _, text = line.rstrip("\n").partition("\t")
-            if label not in {"0", "1", "2", "3", "4"} or not text:
-                raise ValueError(f"{path}:{number}: expected 'label<TAB>sentence' with a label 0-4, got {line!r}")
+            label, _, text = line.rstrip("\n").partition(separator)
+            if label not in {str(i) for i in range(len(labels))} or not text.strip():
+                raise ValueError(f"{path}:{number}: expected 'label{separator!r}sentence' with a label 0-"
+                                 f"{len(labels) - 1}, got {line!r}")
             words = text.split()
             doc = Doc(vocab, words=words, spaces=_spaces(words))
-            doc.cats = {name: float(i == int(label)) for i, name in enumerate(SST5_LABELS)}
+            doc.cats = {name: float(i == int(label)) for i, name in enumerate(labels)}
             yield doc
 
 

@@ -10,7 +10,7 @@ from spacy.tokens import DocBin
 from spacy.vocab import Vocab
 from spacy_fixtures import DATA
 
-from spacy_elmo.corpora import SST5_LABELS, read_conll2003, read_sst5, write_docbin
+from spacy_elmo.corpora import SST2_LABELS, SST5_LABELS, read_conll2003, read_sst2, read_sst5, write_docbin
 
 
 def test_conll2003_iob1_and_iob2_files_give_the_same_docs():
@@ -45,3 +45,15 @@ def test_sst5_gives_one_exclusive_label_per_sentence(tmp_path):
     assert docs[0][:3].text == "The Rock is"
     assert write_docbin(iter(docs), tmp_path / "out.spacy", limit=2) == 2
     assert len(DocBin().from_disk(tmp_path / "out.spacy")) == 2
+
+
+def test_sst2_gives_one_exclusive_label_per_sentence(tmp_path):
+    docs = list(read_sst2(require(DATA / "sst2" / "stsa.binary.train"), Vocab()))
+    assert len(docs) == 6920
+    assert [max(d.cats, key=d.cats.get) for d in docs[:2]] == ["positive", "negative"]
+    assert all(sorted(d.cats) == sorted(SST2_LABELS) and sum(d.cats.values()) == 1.0 for d in docs)
+    assert docs[0][:3].text == "a stirring ,"
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 fine\n7 not a label\n")
+    with pytest.raises(ValueError, match="bad.txt:2"):
+        list(read_sst2(bad, Vocab()))
