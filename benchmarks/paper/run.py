@@ -1,0 +1,306 @@
+"""The paper's experiments and analyses (Peters et al. 2018, sections 4-5) with the shipped spaCy configs, as one
+command. Every figure is a development-set score (test splits are not provided).
+
+    python benchmarks/paper/run.py --quick --out /tmp/paper      # minutes: every experiment on tiny slices (CI)
+    python benchmarks/paper/run.py                                # hours: full training sets, three seeds
+    python benchmarks/paper/run.py --only results --tasks ner --seeds 0 1 2 --max-steps 3000
+
+Experiments (`--only`): `results` (with vs. without ELMo, same task model and budget, relative error reduction;
+Table 1), `layers` (top layer only / average / learned mix with lambda 1 and 0.001; Table 2), `placement` (ELMo at
+the input only vs. input and output; Table 3), `efficiency` (with vs. without ELMo on 1 %, 10 %, 100 % of the
+training set; Figure 1), `weights` (the learned softmax(s) of every mix of the `results` pipelines; Figure 2),
+`probe` (a linear POS / NER probe per biLM layer; Table 6), `neighbours` (contextual nearest neighbours of "play",
+top layer vs. token layer; Table 4). Each writes `<out>/<experiment>.md` and `.json` (and a PNG for Figures 1-2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import spacy
+import torch
+from spacy.cli.train import train as spacy_train
+from spacy.vocab import Vocab
+
+from spacy_elmo.cli import make_config
+from spacy_elmo.corpora import read_conll2003, read_sst2, read_sst5, write_docbin
+from spacy_elmo.mix_weights import format_mix_weights, mix_weights, plot_mix_weights
+
+sys.path.insert(0, str(Path(__file__).parent))
+import probe  # noqa: E402 (benchmarks/paper/probe.py)
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+# task: (config, reader, train file, dev file, score key, what the score is)
+TASKS = {
+    "ner": ("ner", read_conll2003, "conll2003/iob2/train.txt", "conll2003/iob2/valid.txt", "ents_f", "entity F1"),
+    "sst5": ("textcat", read_sst5, "sst5/train.tsv", "sst5/dev.tsv", "cats_micro_f", "accuracy"),
+    "sst2": ("textcat", read_sst2, "sst2/stsa.binary.train", "sst2/stsa.binary.dev", "cats_micro_f", "accuracy"),
+}
+EXPERIMENTS = ("results", "layers", "placement", "efficiency", "weights", "probe", "neighbours")
+# Layer weighting (Table 2): overrides of every ELMo mix of the task model.
+LAYER_VARIANTS = {
+    "top layer only": {"trainable": False, "initial_scalars": [-1e4, -1e4, 0.0]},
+    "average (fixed)": {"trainable": False, "initial_scalars": None},
+    "learned, lambda = 1": {"l2": 1.0},
+    "learned, lambda = 0.001": {"l2": 0.001},
+}
+
+
+class Runner:
+    """Trains the shipped configs with `spacy train` (in this process) and remembers every run's best dev score."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.out: Path = args.out
+        self.corpora = self.out / "corpora"
+        self.runs: dict[str, dict] = {}
+
+    def corpus(self, task: str, split: str) -> Path:
+        _, reader, train_file, dev_file, _, _ = TASKS[task]
+        path = self.corpora / f"{task}-{split}.spacy"
+        if not path.exists():
+            limit = self.args.train_docs if split == "train" else self.args.dev_docs
+            write_docbin(reader(DATA / (train_file if split == "train" else dev_file), Vocab()), path, limit)
+        return path
+
+    def train(self, task: str, name: str, seed: int, elmo: str | None = None, mix: dict | None = None,
+              fraction: float = 1.0) -> float:
+        """Best dev score of the task's shipped config (ELMo at `elmo`, every mix overridden by `mix`)."""
+        key = f"{task}/{name}/seed{seed}/{fraction:g}"
+        if key in self.runs:
+            return self.runs[key]["score"]
+        config_name, _, _, _, score_key, _ = TASKS[task]
+        config = make_config(config_name, self.args.model, elmo)
+        tok2vec = config["components"][config_name]["model"]["tok2vec"]
+        for listener in ("elmo", "elmo_output"):
+            if listener in tok2vec:
+                tok2vec[listener]["mix"].update(mix or {})
+        output = self.out / "runs" / key.replace("/", "-").replace(" ", "_").replace(",", "")
+        config_path = output.with_suffix(".cfg")
+        output.mkdir(parents=True, exist_ok=True)
+        config.to_disk(config_path)
+        train_path = self.corpus(task, "train")
+        n_train = len(list(spacy.tokens.DocBin().from_disk(train_path).get_docs(Vocab())))
+        overrides = {
+            "paths.train": str(train_path), "paths.dev": str(self.corpus(task, "dev")),
+            "system.seed": seed, "training.max_steps": self.args.max_steps,
+            "training.eval_frequency": self.args.eval_frequency, "training.patience": 0,
+            "corpora.train.limit": max(1, round(fraction * n_train)) if fraction < 1 else 0,
+            "training.logger": {"@loggers": "spacy.ConsoleLogger.v3", "progress_bar": None, "console_output": False,
+                                "output_file": str(output / "log.jsonl")},
+        }
+        start = time.perf_counter()
+        spacy_train(config_path, output, use_gpu=self.args.gpu_id, overrides=overrides)
+        meta = json.loads((output / "model-best" / "meta.json").read_text())
+        score = float(meta["performance"][score_key])
+        self.runs[key] = {"score": score, "seconds": round(time.perf_counter() - start), "path": str(output)}
+        print(f"{key}: {score_key} {100 * score:.2f} ({self.runs[key]['seconds']} s)", flush=True)
+        return score
+
+    def scores(self, task: str, name: str, **settings) -> list[float]:
+        return [self.train(task, name, seed, **settings) for seed in self.args.seeds]
+
+
+def mean_std(values: Sequence[float]) -> str:
+    values = 100 * np.asarray(values)
+    return f"{values.mean():.2f} ± {values.std():.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+
+def relative_error_reduction(baseline: float, system: float) -> float:
+    return (system - baseline) / (1.0 - baseline) if baseline < 1 else 0.0
+
+
+def results(runner: Runner) -> tuple[str, dict]:
+    lines = ["| task | dev score | without ELMo | with ELMo | relative error reduction |", "|---|---|---|---|---|"]
+    data = {}
+    for task in runner.args.tasks:
+        without, with_elmo = runner.scores(task, "without", elmo="none"), runner.scores(task, "with")
+        rer = relative_error_reduction(float(np.mean(without)), float(np.mean(with_elmo)))
+        lines.append(f"| {task} | {TASKS[task][5]} | {mean_std(without)} | {mean_std(with_elmo)} | {100 * rer:.1f} % |")
+        data[task] = {"without": without, "with": with_elmo, "relative_error_reduction": rer}
+    return "\n".join(lines), data
+
+
+def layers(runner: Runner) -> tuple[str, dict]:
+    lines = ["| task | " + " | ".join(LAYER_VARIANTS) + " |", "|---" * (len(LAYER_VARIANTS) + 1) + "|"]
+    data = {}
+    for task in runner.args.tasks:
+        data[task] = {name: runner.scores(task, name if name != "learned, lambda = 0.001" else "with", mix=mix)
+                      for name, mix in LAYER_VARIANTS.items()}
+        lines.append(f"| {task} | " + " | ".join(mean_std(v) for v in data[task].values()) + " |")
+    return "\n".join(lines), data
+
+
+def placement(runner: Runner) -> tuple[str, dict]:
+    lines = ["| task | input only | input and output |", "|---|---|---|"]
+    data = {}
+    for task in runner.args.tasks:
+        shipped = "input" if TASKS[task][0] == "ner" else "input+output"
+        data[task] = {where: runner.scores(task, "with" if where == shipped else where, elmo=where)
+                      for where in ("input", "input+output")}
+        lines.append(f"| {task} | {mean_std(data[task]['input'])} | {mean_std(data[task]['input+output'])} |")
+    return "\n".join(lines), data
+
+
+def efficiency(runner: Runner) -> tuple[str, dict]:
+    fractions = (0.01, 0.1, 1.0)
+    lines = ["| task | share of training set | without ELMo | with ELMo |", "|---|---|---|---|"]
+    data = {}
+    for task in runner.args.tasks:
+        data[task] = {}
+        for fraction in fractions:
+            without = runner.scores(task, "without", elmo="none", fraction=fraction)
+            with_elmo = runner.scores(task, "with", fraction=fraction)
+            data[task][fraction] = {"without": without, "with": with_elmo}
+            lines.append(f"| {task} | {100 * fraction:g} % | {mean_std(without)} | {mean_std(with_elmo)} |")
+    plot_efficiency(data, runner.out / "efficiency.png")
+    return "\n".join(lines), {task: {str(k): v for k, v in rows.items()} for task, rows in data.items()}
+
+
+def plot_efficiency(data: dict, output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(data), figsize=(4 * len(data), 3.2), squeeze=False)
+    for axis, (task, rows) in zip(axes[0], data.items()):
+        shares = [100 * fraction for fraction in rows]
+        for variant, style in (("without", "o--"), ("with", "o-")):
+            axis.plot(shares, [100 * np.mean(row[variant]) for row in rows.values()], style, label=f"{variant} ELMo")
+        axis.set_xscale("log")
+        axis.set_xlabel("% of the training set")
+        axis.set_ylabel(f"dev {TASKS[task][5]}")
+        axis.set_title(task)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(output, dpi=120)
+    plt.close(figure)
+
+
+def weights(runner: Runner) -> tuple[str, dict]:
+    mixes = []
+    for task in runner.args.tasks:
+        runner.train(task, "with", runner.args.seeds[0])
+        path = Path(runner.runs[f"{task}/with/seed{runner.args.seeds[0]}/1"]["path"]) / "model-best"
+        for mix in mix_weights(spacy.load(path)):
+            mix.component = task
+            mixes.append(mix)
+    plot_mix_weights(mixes, runner.out / "weights.png")
+    data = [{"task": m.component, "position": m.position, "weights": m.weights.tolist(), "gamma": m.gamma}
+            for m in mixes]
+    return "```\n" + format_mix_weights(mixes) + "\n```", data
+
+
+def probe_experiment(runner: Runner) -> tuple[str, dict]:
+    from hf_elmo import ElmoModel, model_location
+
+    train = probe.read_conll(DATA / "conll2003" / "iob2" / "train.txt", runner.args.probe_sentences)
+    dev = probe.read_conll(DATA / "conll2003" / "iob2" / "valid.txt", runner.args.probe_sentences)
+    rows = probe.probe_layers(ElmoModel.from_pretrained(model_location(runner.args.model)), train, dev)
+    return probe.format_table(rows), {"train_sentences": len(train), "dev_sentences": len(dev), "layers": rows}
+
+
+# Two senses of "play" (Table 4): the queries whose nearest contexts are listed.
+NEIGHBOUR_QUERIES = [
+    "Chico Ruiz made a spectacular play on Alusik 's grounder .",
+    "Olivia De Havilland signed to do a Broadway play for Garson .",
+]
+
+
+def neighbours(runner: Runner) -> tuple[str, dict]:
+    """The sentences of the held-out corpus whose "play" is nearest to each query's, by the cosine of the top
+    biLM layer and of the token layer (the same vector for every occurrence: no context)."""
+    import gzip
+
+    from hf_elmo import ElmoModel, model_location
+    from hf_elmo.embed import ElmoEmbedder
+    from hf_elmo.training.text import get_word_tokenizer
+
+    model = ElmoModel.from_pretrained(model_location(runner.args.model))
+    tokenize = get_word_tokenizer(model.config.word_tokenizer or "spacy:en")  # lines -> words per line
+    sentencizer = spacy.blank("en")
+    sentencizer.add_pipe("sentencizer")
+    corpus = []
+    with gzip.open(DATA / "pretrain-en" / "valid.txt.gz", "rt", encoding="utf-8") as lines:
+        for line in lines:
+            for sentence in sentencizer(line.strip()[:5000]).sents if " play " in line else ():
+                [words] = tokenize([sentence.text])
+                if "play" in words and len(words) <= 60:
+                    corpus.append(words)
+            if len(corpus) >= runner.args.neighbour_sentences:
+                break
+    queries = tokenize(NEIGHBOUR_QUERIES)
+    embedder = ElmoEmbedder(model, layers="all")
+    vectors = [layers[:, words.index("play")] for words, layers in
+               zip(queries + corpus, embedder.embed_sentences(queries + corpus))]
+    lines, data = [], []
+    for layer, name in ((-1, "top biLM layer"), (0, "token layer")):
+        matrix = np.stack([v[layer] for v in vectors])
+        matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+        for q, query in enumerate(queries):
+            similarity = matrix[len(queries):] @ matrix[q]
+            best = [int(i) for i in np.argsort(-similarity, kind="stable")[:3]]
+            lines.append(f"| {name} | {' '.join(query)} | " + "<br>".join(
+                f"{similarity[i]:.3f} {' '.join(corpus[i])}" for i in best) + " |")
+            nearest = [[float(similarity[i]), corpus[i]] for i in best]
+            data.append({"layer": name, "query": query, "neighbours": nearest})
+    header = [f"{len(corpus)} sentences with 'play' from pretrain-en/valid.txt.gz", "",
+              "| layer | query | nearest contexts (cosine) |", "|---|---|---|"]
+    return "\n".join(header + lines), data
+
+
+EXPERIMENT_FUNCTIONS = {"results": results, "layers": layers, "placement": placement, "efficiency": efficiency,
+                        "weights": weights, "probe": probe_experiment, "neighbours": neighbours}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny slices and budgets: minutes in all")
+    parser.add_argument("--only", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS))
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--model", default="default", help="the biLM: 'default', a directory or a Hub id")
+    parser.add_argument("--seeds", nargs="+", type=int, help="default: 0 1 2 (--quick: 0)")
+    parser.add_argument("--max-steps", type=int, help="steps per run (default 2000; --quick 6)")
+    parser.add_argument("--eval-frequency", type=int, help="default 200 (--quick 3)")
+    parser.add_argument("--train-docs", type=int, help="training Docs per task (default all; --quick 12)")
+    parser.add_argument("--dev-docs", type=int, help="dev Docs per task (default all; --quick 8)")
+    parser.add_argument("--probe-sentences", type=int, help="default all (--quick 100)")
+    parser.add_argument("--neighbour-sentences", type=int, help="default 2000 (--quick 30)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gpu-id", type=int, default=-1)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    defaults = dict(seeds=[0] if quick else [0, 1, 2], max_steps=6 if quick else 2000,
+                    eval_frequency=3 if quick else 200, train_docs=12 if quick else None, dev_docs=8 if quick else None,
+                    probe_sentences=100 if quick else None, neighbour_sentences=30 if quick else 2000)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    torch.set_num_threads(args.threads)
+    random.seed(0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runner = Runner(args)
+    for experiment in args.only:
+        start = time.perf_counter()
+        table, data = EXPERIMENT_FUNCTIONS[experiment](runner)
+        budget = (f"model {args.model}; {args.max_steps} steps per run, seeds {args.seeds}, train docs "
+                  f"{args.train_docs or 'all'}, dev docs {args.dev_docs or 'all'}; {platform.processor() or 'CPU'}, "
+                  f"{args.threads} threads; {time.perf_counter() - start:.0f} s")
+        (args.out / f"{experiment}.md").write_text(f"# {experiment}\n\n{budget}\n\n{table}\n", encoding="utf-8")
+        (args.out / f"{experiment}.json").write_text(json.dumps({"budget": budget, "data": data}, indent=1))
+        print(f"\n## {experiment}\n{budget}\n{table}\n", flush=True)
+    (args.out / "runs.json").write_text(json.dumps(runner.runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""The paper's experiments (benchmarks/paper/run.py) stay runnable: the quick form of every experiment, one task."""
+
+from __future__ import annotations
+
+import json
+
+from elmo_fixtures import require
+from spacy_fixtures import DATA, REPO, run_python
+
+
+def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
+    require(DATA / "sst2" / "stsa.binary.train")
+    run_python(REPO / "benchmarks" / "paper" / "run.py", "--quick", "--tasks", "sst2", "--threads", "1",
+               "--out", tmp_path, timeout=1200)
+    experiments = ["results", "layers", "placement", "efficiency", "weights", "probe", "neighbours"]
+    for name in experiments:
+        assert (tmp_path / f"{name}.md").read_text().startswith(f"# {name}\n")
+    results = json.loads((tmp_path / "results.json").read_text())["data"]["sst2"]
+    assert all(0.0 <= score <= 1.0 for score in results["with"] + results["without"])
+    layers = json.loads((tmp_path / "layers.json").read_text())["data"]["sst2"]
+    assert list(layers) == ["top layer only", "average (fixed)", "learned, lambda = 1", "learned, lambda = 0.001"]
+    assert layers["learned, lambda = 0.001"] == results["with"]  # the same run, trained once
+    weights = json.loads((tmp_path / "weights.json").read_text())["data"]
+    assert [w["position"] for w in weights] == ["input", "output"]
+    assert all(abs(sum(w["weights"]) - 1) < 1e-5 for w in weights)
+    probe = json.loads((tmp_path / "probe.json").read_text())["data"]["layers"]
+    assert [row["layer"] for row in probe] == ["0", "1", "2", "average"]
+    assert all(0.3 < row["pos_accuracy"] <= 1.0 for row in probe)
+    neighbours = json.loads((tmp_path / "neighbours.json").read_text())["data"]
+    token_layer = [n for n in neighbours if n["layer"] == "token layer"]
+    assert all(abs(score - 1.0) < 1e-5 for n in token_layer for score, _ in n["neighbours"])  # no context there
+    for figure in ("efficiency.png", "weights.png"):
+        assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG"
