@@ -52,6 +52,7 @@ register_extensions()
         "default_mix": [],
         "vector_hooks": True,
         "set_doc_tensor": False,
+        "frozen_cache_mb": 2048,
     },
 )
 def make_elmo(
@@ -63,6 +64,7 @@ def make_elmo(
     default_mix: list[float],
     vector_hooks: bool,
     set_doc_tensor: bool,
+    frozen_cache_mb: int,
 ) -> Elmo:
     """ELMo layers for every Doc (`doc._.elmo_layers`), shared with downstream components through listeners.
 
@@ -74,10 +76,13 @@ def make_elmo(
     vector_hooks (bool): make `.vector` and `.similarity` of Docs, spans and tokens use ELMo.
     set_doc_tensor (bool): also set `doc.tensor` to the default mix. Off by default: a later component that
         listens to a `tok2vec` reads `doc.tensor` and would get ELMo vectors of the wrong width.
+    frozen_cache_mb (int): in training with a frozen biLM, keep the layers of the Docs seen, up to this many MB, and
+        reuse them in later epochs instead of running the biLM again (a frozen biLM gives a Doc the same layers every
+        time); 0 turns it off.
     """
     return Elmo(
         nlp.vocab, model, name, freeze=freeze, store_dtype=store_dtype, default_mix=default_mix,
-        vector_hooks=vector_hooks, set_doc_tensor=set_doc_tensor,
+        vector_hooks=vector_hooks, set_doc_tensor=set_doc_tensor, frozen_cache_mb=frozen_cache_mb,
     )
 
 
@@ -99,9 +104,12 @@ class Elmo(TrainablePipe):
         default_mix: Sequence[float] = (),
         vector_hooks: bool = True,
         set_doc_tensor: bool = False,
+        frozen_cache_mb: int = 2048,
     ) -> None:
         if store_dtype not in STORE_DTYPES:
             raise ValueError(f"store_dtype must be one of {STORE_DTYPES}, got {store_dtype!r}")
+        if frozen_cache_mb < 0:
+            raise ValueError(f"frozen_cache_mb must be >= 0, got {frozen_cache_mb}")
         self.vocab = vocab
         self.model = model
         self.name = name
@@ -110,6 +118,7 @@ class Elmo(TrainablePipe):
         self.default_mix = list(default_mix)
         self.vector_hooks = vector_hooks
         self.set_doc_tensor = set_doc_tensor
+        self.frozen_cache = FrozenLayersCache(frozen_cache_mb * 2**20)
         self.listener_map: dict[str, list[ElmoListener]] = {}
         self.cfg: dict[str, Any] = {}
         # How Language.replace_listeners turns a listener into a standalone copy of this biLM (and its config).
@@ -196,7 +205,7 @@ class Elmo(TrainablePipe):
         docs = [eg.predicted for eg in examples]
         batch_id = ElmoListener.get_batch_id(docs)
         if self.freeze:
-            outputs = self.model.predict(docs)
+            outputs = self.frozen_cache.layers(docs, self.model.predict)
             for listener in self.listeners:
                 listener.receive(batch_id, outputs, empty_backprop)
             return losses
@@ -244,6 +253,7 @@ class Elmo(TrainablePipe):
         `spacy-elmo.PretrainedWeights.v1`), else from the model's `name`; raise if neither is given and the
         pipeline has no biLM yet. Then check that every listener matches the biLM's layers."""
         validate_get_examples(get_examples, "Elmo.initialize")
+        self.frozen_cache.clear()
         if weights is not None:
             set_bilm_weights(self.model, weights())
         bilm_weights(self.model, self.name)
@@ -257,3 +267,33 @@ class Elmo(TrainablePipe):
                         f"{listener.get_dim('nO')} but the biLM of '{self.name}' gives {n_layers} of width {width}: "
                         f"set the listener's `width = {width}` and its mix's `n_layers = {n_layers}`."
                     )
+
+
+class FrozenLayersCache:
+    """The layers of the Docs a frozen biLM has read in training, by the Doc's words and sentence starts, up to
+    `max_bytes`; training-time state, never saved or pickled with the component."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._layers: dict[tuple, Floats3d] = {}
+
+    def layers(self, docs: Sequence[Doc], predict: Callable[[list[Doc]], list[Floats3d]]) -> list[Floats3d]:
+        """Per Doc its layers: cached, else from `predict` (one call for all the missing Docs)."""
+        if not self.max_bytes:
+            return predict(list(docs))
+        keys = [tuple((token.text, token.is_sent_start) for token in doc) for doc in docs]
+        missing = [i for i, key in enumerate(keys) if key not in self._layers]
+        computed = dict(zip(missing, predict([docs[i] for i in missing]) if missing else []))
+        for i, layers in computed.items():
+            if self.bytes + layers.nbytes <= self.max_bytes and keys[i] not in self._layers:
+                self._layers[keys[i]] = layers
+                self.bytes += layers.nbytes
+        return [computed[i] if i in computed else self._layers[key] for i, key in enumerate(keys)]
+
+    def clear(self) -> None:
+        self._layers.clear()
+        self.bytes = 0
+
+    def __getstate__(self) -> dict:
+        return {"max_bytes": self.max_bytes, "bytes": 0, "_layers": {}}

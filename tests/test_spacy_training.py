@@ -20,6 +20,7 @@ from thinc.api import Adam, Config, fix_random_seed
 
 from hf_elmo import ElmoModel
 from spacy_elmo.corpora import read_conll2003
+from spacy_elmo.pipeline_component import FrozenLayersCache
 
 PIPELINE_CONFIG = """
 [nlp]
@@ -190,10 +191,33 @@ def trained(elmo_dir, examples):
     return nlp, history, len(calls)
 
 
-def test_one_biLM_pass_per_batch_is_shared_by_all_listeners(trained):
+def test_one_biLM_pass_per_batch_is_shared_by_all_listeners_and_seen_docs_come_from_the_cache(trained):
     nlp, history, bilm_calls = trained
     assert nlp.get_pipe("elmo").listening_components == ["ner", "textcat"]
-    assert bilm_calls == len(history)  # 12 short docs = one biLM batch, for both tasks
+    assert len(history) == 12 and bilm_calls == 1  # 12 short docs = one biLM batch for both tasks, then cached
+
+
+def test_the_frozen_layers_cache_changes_no_number_and_stays_bounded(elmo_dir, examples, monkeypatch):
+    histories, calls = [], []
+    forward = ElmoModel.forward
+    monkeypatch.setattr(ElmoModel, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    for cache_mb in (0, 64):
+        nlp = make_nlp(elmo_dir)
+        nlp.get_pipe("elmo").frozen_cache.max_bytes = cache_mb * 2**20
+        histories.append(train(nlp, examples, 3))
+    assert histories[0] == histories[1]  # the same losses, bit for bit
+    assert len(calls) == 3 + 1  # off: every update runs the biLM; on: the first only
+    cache = FrozenLayersCache(max_bytes=3 * 4 * 5 * 4)  # room for 5 tokens of 3 layers x 4 floats
+    docs = [spacy.blank("en")(text) for text in ("a b c", "d e", "a b c", "f g h i")]
+
+    def layers(batch):
+        return [np.full((3, len(doc), 4), len(doc[0].text + doc.text), dtype="float32") for doc in batch]
+
+    first = cache.layers(docs[:2], layers)
+    assert cache.bytes == 5 * 3 * 4 * 4 and cache.layers(docs[2:], layers)[0] is first[0]
+    assert cache.bytes <= cache.max_bytes  # "f g h i" did not fit: computed, not kept
+    assert [len(x[0]) for x in cache.layers(docs, layers)] == [3, 2, 3, 4]
+    assert pickle.loads(pickle.dumps(cache)).bytes == 0
 
 
 def test_losses_fall_and_each_task_learns_its_own_mix(trained):
