@@ -7,6 +7,7 @@ shifted by +1 so that an all-zero row means "no token here" (a padding position)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import Any
 
@@ -25,6 +26,7 @@ PADDING_CHAR = 260
 # Raw text is split Moses-style, as the released models' training text was: clitics split off
 # ("don't" -> "don 't"), each punctuation mark and each CJK character alone, while dotted abbreviations
 # ("U.S."), numbers with separators ("1,000.5"), hyphenated and apostrophe-free words stay whole.
+_LONE_SURROGATE = regex.compile(r"[\ud800-\udfff]")
 _CJK = r"\p{Han}\p{Hiragana}\p{Katakana}"
 _WORD_SPLIT_PATTERN = regex.compile(
     rf"""(?:[^\W\d_{_CJK}]\.){{2,}}          # U.S., e.g.
@@ -56,9 +58,16 @@ def spacy_tokenizer(lang: str):
     return spacy.blank(lang).tokenizer
 
 
-def spacy_words(doc) -> list[str]:
-    """The words of a tokenized spaCy `Doc`: its tokens but whitespace ones (as the spaCy component feeds the biLM)."""
-    return [token.text for token in doc if not token.is_space]
+def spacy_split(lang: str, texts: Sequence[str]) -> list[list[str]]:
+    """Split raw texts into words with `spacy.blank(lang)`'s tokenizer: its tokens but whitespace ones (as the spaCy
+    component feeds the biLM). Lone surrogates (undecodable bytes read with "surrogateescape", UTF-16 debris), which
+    spaCy cannot hash, are split as if they were a letter (most often they are bytes of a mangled character inside a
+    word) and kept in the words: one code point each, so the offsets agree."""
+    safe = [_LONE_SURROGATE.sub("\u00e6", text) for text in texts]
+    return [
+        [text[token.idx : token.idx + len(token)] for token in doc if not token.is_space]
+        for text, doc in zip(texts, spacy_tokenizer(lang).pipe(safe))
+    ]
 
 
 def check_word_tokenizer(name: str | None) -> None:
@@ -72,12 +81,12 @@ def check_word_tokenizer(name: str | None) -> None:
 def split_into_words(text: str, word_tokenizer: str | None) -> list[str]:
     """Split one raw text into words with the word tokenizer called `word_tokenizer` (see `check_word_tokenizer`):
     `None` or `"elmo"`: `split_words`; `"whitespace"`: `str.split`; `"spacy:<lang>"`: `spacy.blank(lang)`'s tokenizer
-    (`spacy_words`)."""
+    (`spacy_split`)."""
     if word_tokenizer is None or word_tokenizer == "elmo":
         return split_words(text)
     if word_tokenizer == "whitespace":
         return text.split()
-    return spacy_words(spacy_tokenizer(word_tokenizer[len("spacy:") :])(text))
+    return spacy_split(word_tokenizer[len("spacy:") :], [text])[0]
 
 
 # Shared int objects for the ids (CPython caches only ints up to 256), so cached rows stay small.

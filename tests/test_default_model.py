@@ -132,3 +132,20 @@ def test_the_shipped_training_configs_fit_the_default_model(task, model):
     assert config["paths"]["elmo_model"] == "default"
     assert config["elmo"]["width"] == model.config.output_dim
     assert config["elmo"]["n_layers"] == model.config.num_output_layers
+
+
+def test_undecodable_bytes_and_lone_surrogates_pass_through_spacy_splitting(tokenizer, tmp_path):
+    """spaCy cannot hash lone surrogates (what `surrogateescape` makes of invalid UTF-8): they are split as letters
+    and kept in the words, in the tokenizer, `elmo embed` and the training text alike."""
+    from hf_elmo.training.text import get_word_tokenizer
+
+    assert tokenizer.tokenize("a \udc80 b") == ["a", "\udc80", "b"]
+    assert tokenizer.tokenize("caf\udce9, ok.") == ["caf\udce9", ",", "ok", "."]
+    assert get_word_tokenizer("spacy:en")(["a \udc80 b", "I don't."]) == [["a", "\udc80", "b"], ["I", "do", "n't", "."]]
+    encoded = tokenizer(["a \udc80 b"], return_tensors="pt")
+    assert encoded["input_ids"].shape[:2] == (1, 5)
+    (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\xfe bad \xc3\x28\n")
+    result = runner.invoke(app, ["embed", "default", str(tmp_path / "bad.txt"), str(tmp_path / "out.npy"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert np.load(tmp_path / "out.offsets.npy").tolist() == [0, 1, 5]
+    assert np.isfinite(np.load(tmp_path / "out.npy")).all()

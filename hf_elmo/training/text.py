@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..tokenization_elmo import check_word_tokenizer, spacy_tokenizer, spacy_words, split_words
+from ..tokenization_elmo import check_word_tokenizer, spacy_split, spacy_tokenizer, split_words
 
 # A word tokenizer splits a list of lines into a list of word lists (batched: spaCy tokenizes in batches).
 WordTokenizer = Callable[[Sequence[str]], list[list[str]]]
@@ -38,10 +38,10 @@ class SpacyWordTokenizer:
 
     def __init__(self, lang: str):
         self.lang = lang
-        self.tokenizer = spacy_tokenizer(lang)
+        spacy_tokenizer(lang)  # fails now if spaCy is missing
 
     def __call__(self, lines: Sequence[str]) -> list[list[str]]:
-        return [spacy_words(doc) for doc in self.tokenizer.pipe(lines)]
+        return spacy_split(self.lang, lines)
 
     def __reduce__(self):  # pickled by name for DataLoader worker processes
         return SpacyWordTokenizer, (self.lang,)
