@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from transformers import PreTrainedConfig
 
 # The character CNN shared by every published ELMo model (width, number of filters).
@@ -72,23 +74,40 @@ class ElmoConfig(PreTrainedConfig):
         initializer_range: float = 0.02,
         **kwargs,
     ):
-        filters = [list(map(int, f)) for f in (filters if filters is not None else PUBLISHED_FILTERS)]
+        filters = filters if filters is not None else PUBLISHED_FILTERS
+        for name, value, minimum in (
+            ("char_embedding_dim", char_embedding_dim, 1), ("n_highway", n_highway, 0),
+            ("max_characters_per_token", max_characters_per_token, 3), ("lstm_dim", lstm_dim, 1),
+            ("projection_dim", projection_dim, 1), ("n_layers", n_layers, 1),
+        ):
+            _check_integer(name, value, minimum)
+        if vocab_size is not None:
+            _check_integer("vocab_size", vocab_size, 1)
+        if not isinstance(filters, (list, tuple)) or not filters or any(
+            not isinstance(f, (list, tuple)) or len(f) != 2 or not all(_is_integer(x) and x >= 1 for x in f)
+            for f in filters
+        ):
+            raise ValueError(f"ElmoConfig.filters must be a non-empty list of [width >= 1, n_filters >= 1] integer "
+                             f"pairs, got {filters!r}")
+        filters = [[int(width), int(count)] for width, count in filters]
         if activation not in ("relu", "tanh"):
-            raise ValueError(f"activation must be 'relu' or 'tanh', got {activation!r}")
+            raise ValueError(f"ElmoConfig.activation must be 'relu' or 'tanh', got {activation!r}")
         if n_characters != 262:
             raise ValueError(
-                f"n_characters must be 262 (261 character ids + the padding id 0), got {n_characters}; "
+                f"ElmoConfig.n_characters must be 262 (261 character ids + the padding id 0), got {n_characters!r}; "
                 "a training options.json says 261, which `elmo convert` accepts."
             )
-        if max_characters_per_token < 3:
-            raise ValueError("max_characters_per_token must leave room for the begin/end-of-word markers (>= 3)")
-        if any(len(f) != 2 or f[0] < 1 or f[1] < 1 for f in filters) or not filters:
-            raise ValueError(f"filters must be a non-empty list of [width >= 1, n_filters >= 1], got {filters}")
         if max(w for w, _ in filters) > max_characters_per_token:
-            raise ValueError("a filter is wider than max_characters_per_token")
-        for name, value in (("lstm_dim", lstm_dim), ("projection_dim", projection_dim), ("n_layers", n_layers)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+            raise ValueError("ElmoConfig.filters: a filter is wider than max_characters_per_token")
+        if projection_dim > lstm_dim:
+            raise ValueError(f"ElmoConfig.projection_dim ({projection_dim}) cannot exceed lstm_dim ({lstm_dim})")
+        for name, value in (("cell_clip", cell_clip), ("proj_clip", proj_clip)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ValueError(f"ElmoConfig.{name} must be a number >= 0 (0 or null: no clipping), got {value!r}")
+        if not isinstance(use_skip_connections, bool):
+            raise ValueError(f"ElmoConfig.use_skip_connections must be true or false, got {use_skip_connections!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"ElmoConfig.dropout must be a number in [0, 1), got {dropout!r}")
         self.char_embedding_dim = char_embedding_dim
         self.filters = filters
         self.activation = activation
@@ -129,6 +148,15 @@ class ElmoConfig(PreTrainedConfig):
         if name not in PRESETS:
             raise ValueError(f"unknown ELMo preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_integer(name: str, value, minimum: int) -> None:
+    if not _is_integer(value) or value < minimum:
+        raise ValueError(f"ElmoConfig.{name} must be an integer >= {minimum}, got {value!r}")
 
 
 ElmoConfig.register_for_auto_class()

@@ -1,6 +1,7 @@
 """ElmoModel behaviour: determinism, padding, explicit state, validation, gradients, presets, save/load."""
 
 import copy
+import json
 import pickle
 
 import numpy as np
@@ -213,6 +214,29 @@ def test_config_validation():
     with pytest.raises(ValueError, match="filters"):
         ElmoConfig(filters=[])
     assert ElmoConfig(cell_clip=0, proj_clip=None).cell_clip is None  # 0 = no clipping, as in options.json
+
+
+@pytest.mark.parametrize("field, value", [
+    ("n_highway", -1), ("n_highway", "1"), ("lstm_dim", 0), ("lstm_dim", 512.5), ("lstm_dim", "512"),
+    ("projection_dim", -8), ("projection_dim", True), ("n_layers", 0), ("char_embedding_dim", 0),
+    ("max_characters_per_token", 2), ("vocab_size", 0), ("filters", [[1, "32"]]), ("filters", [[0, 32]]),
+    ("filters", "[[1, 32]]"), ("filters", [[1, 32, 3]]), ("cell_clip", -1.0), ("proj_clip", "3"),
+    ("use_skip_connections", "yes"), ("dropout", 1.0), ("dropout", -0.1),
+])
+def test_every_config_field_is_validated_with_a_message_naming_it(tmp_path, field, value):
+    with pytest.raises(ValueError, match=rf"ElmoConfig\.{field} "):
+        ElmoConfig(**{field: value})
+    # The same through a config.json, as a saved model would be loaded.
+    ElmoConfig(lstm_dim=64, projection_dim=32).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, field: value}))
+    with pytest.raises(ValueError, match=rf"ElmoConfig\.{field} "):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+def test_projection_wider_than_the_cell_is_refused_by_the_config():
+    with pytest.raises(ValueError, match=r"projection_dim \(512\) cannot exceed lstm_dim \(256\)"):
+        ElmoConfig(lstm_dim=256, projection_dim=512)
 
 
 def test_save_and_load_round_trip(tmp_path, model, tokenizer):
