@@ -562,3 +562,22 @@ def test_the_trained_directory_is_pushed_with_its_vocabulary_and_evaluated_from_
     assert not any(name.startswith("checkpoints/") for name in files)
     corpus = [str(TOY / "data.txt")]
     assert evaluate_model("org/toy-bilm", corpus) == evaluate_model(str(toy_lm), corpus)
+
+
+@pytest.mark.parametrize("text", ["", "\n   \n\t\n"])
+def test_an_empty_or_blank_corpus_is_an_error_not_a_random_model(tmp_path, text):
+    corpus = tmp_path / "empty.txt"
+    corpus.write_text(text)
+    args = toy_args(tmp_path, "--max_steps", "5")
+    args[args.index("--train_files") + 1] = str(corpus)
+    result = runner.invoke(app, ["pretrain", *args])
+    reset_accelerate()
+    assert result.exit_code == 1
+    assert "no training batch: the training files (empty.txt) hold no words" in result.output
+    assert not (tmp_path / "out" / "model.safetensors").exists() and not (tmp_path / "out" / "README.md").exists()
+
+
+def test_empty_held_out_text_has_no_perplexity(tmp_path, toy_lm):
+    (tmp_path / "blank.txt").write_text("\n \n")
+    result = runner.invoke(app, ["evaluate", str(toy_lm), str(tmp_path / "blank.txt")])
+    assert result.exit_code == 1 and "held-out text holds no words" in result.output

@@ -57,6 +57,8 @@ def evaluate(
         sums = accelerator.reduce(sums, reduction="sum")
     objective.train(was_training)
     forward_sum, backward_sum, n_targets = sums.tolist()
+    if not n_targets:
+        raise ValueError("the held-out text holds no words: no perplexity to measure")
     return perplexities(forward_sum, backward_sum, int(n_targets))
 
 

@@ -369,6 +369,9 @@ def train(args: PretrainArguments) -> Path:
             window_start += time.perf_counter() - pause
         if not finished:
             position = DataPosition(epoch + 1)
+    if step == 0:
+        raise ValueError(f"no training batch: the training files ({describe_files(train_files)}) hold no words once "
+                         f"split by the {word_tokenizer_name!r} word tokenizer")
     if step != last_saved:
         save(step, position)
     progress.close()
