@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -122,8 +123,7 @@ def convert_conll2003_command(
     limit: Limit = None,
 ) -> None:
     """Convert CoNLL-2003 NER data to a .spacy file."""
-    count = write_docbin(read_conll2003(input_path, Vocab(), n_sents), output, limit)
-    typer.echo(f"wrote {count} docs to {output}")
+    _convert(partial(read_conll2003, n_sents=n_sents), input_path, output, limit)
 
 
 @app.command("convert-sst5")
@@ -133,8 +133,7 @@ def convert_sst5_command(
     limit: Limit = None,
 ) -> None:
     """Convert SST-5 sentences to a .spacy file with exclusive `cats`."""
-    count = write_docbin(read_sst5(input_path, Vocab()), output, limit)
-    typer.echo(f"wrote {count} docs to {output}")
+    _convert(read_sst5, input_path, output, limit)
 
 
 @app.command("convert-sst2")
@@ -144,8 +143,11 @@ def convert_sst2_command(
     limit: Limit = None,
 ) -> None:
     """Convert SST-2 sentences to a .spacy file with exclusive `cats` (negative, positive)."""
-    count = write_docbin(read_sst2(input_path, Vocab()), output, limit)
-    typer.echo(f"wrote {count} docs to {output}")
+    _convert(read_sst2, input_path, output, limit)
+
+
+def _convert(reader, input_path: Path, output: Path, limit: int | None) -> None:
+    typer.echo(f"wrote {write_docbin(reader(input_path, Vocab()), output, limit)} docs to {output}")
 
 
 @app.command("mix-weights")

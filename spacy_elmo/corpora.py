@@ -25,7 +25,7 @@ def read_conll2003(path: str | Path, vocab: Vocab, n_sents: int = 10) -> Iterato
     if n_sents < 1:
         raise ValueError(f"n_sents must be >= 1, got {n_sents}")
     group: list[list[list[str]]] = []
-    for sentence in _conll_sentences(path):
+    for sentence in conll_sentences(path):
         if sentence is None or len(group) == n_sents:
             if group:
                 yield _conll_doc(vocab, group)
@@ -36,7 +36,7 @@ def read_conll2003(path: str | Path, vocab: Vocab, n_sents: int = 10) -> Iterato
         yield _conll_doc(vocab, group)
 
 
-def _conll_sentences(path: str | Path) -> Iterator[list[list[str]] | None]:
+def conll_sentences(path: str | Path) -> Iterator[list[list[str]] | None]:
     """Sentences as lists of rows (columns); None at every `-DOCSTART-` (a document boundary)."""
     sentence: list[list[str]] = []
     with open(path, encoding="utf-8") as lines:

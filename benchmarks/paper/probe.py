@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -23,23 +24,15 @@ import torch
 
 from hf_elmo import ElmoModel, model_location
 from hf_elmo.embed import ElmoEmbedder
+from spacy_elmo.corpora import conll_sentences
 
 CONLL = Path(__file__).resolve().parents[3] / "shared" / "data" / "conll2003" / "iob2"
 
 
 def read_conll(path: Path, limit: int | None = None) -> list[tuple[list[str], list[str], list[str]]]:
-    """(words, POS tags, IOB2 entity tags) per sentence, `-DOCSTART-` lines dropped."""
-    sentences, rows = [], []
-    for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
-        columns = line.split()
-        if columns and columns[0] != "-DOCSTART-":
-            rows.append(columns)
-        elif rows:
-            sentences.append(([r[0] for r in rows], [r[1] for r in rows], [r[-1] for r in rows]))
-            rows = []
-            if limit and len(sentences) == limit:
-                break
-    return sentences
+    """(words, POS tags, IOB2 entity tags) per sentence (`spacy_elmo.corpora.conll_sentences`)."""
+    rows = (sentence for sentence in conll_sentences(path) if sentence is not None)
+    return [([r[0] for r in s], [r[1] for r in s], [r[-1] for r in s]) for s in islice(rows, limit)]
 
 
 def layer_features(model: ElmoModel, sentences: list[list[str]]) -> np.ndarray:

@@ -88,7 +88,7 @@ class Runner:
         output.mkdir(parents=True, exist_ok=True)
         config.to_disk(config_path)
         train_path = self.corpus(task, "train")
-        n_train = len(list(spacy.tokens.DocBin().from_disk(train_path).get_docs(Vocab())))
+        n_train = len(spacy.tokens.DocBin().from_disk(train_path))
         overrides = {
             "paths.train": str(train_path), "paths.dev": str(self.corpus(task, "dev")),
             "system.seed": seed, "training.max_steps": self.args.max_steps,
