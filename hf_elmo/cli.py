@@ -315,7 +315,7 @@ def _training():
     try:
         from . import training
     except ImportError as error:
-        _fail(f"{error}; training needs: pip install 'elmo[train]'")
+        _fail(f"{error}; training needs: pip install 'spacy-elmo[train]'")
     return training
 
 

@@ -103,11 +103,8 @@ def _print_report(report: SenseReport, usages: list[Usage], echo: Callable[[str]
 
 def run_spacy(echo: Callable[[str], None]) -> None:
     """The spaCy `elmo` component with its default biLM (this model)."""
-    try:
-        import spacy
-    except ImportError:
-        echo('\nspaCy is not installed: pip install "elmo[spacy]" to run the component.')
-        return
+    import spacy
+
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")
     nlp.add_pipe("elmo")

@@ -230,7 +230,7 @@ class Hdf5Writer(EmbeddingWriter):
         try:
             import h5py
         except ImportError:
-            raise ImportError("writing .hdf5 needs h5py: pip install 'elmo[hdf5]'") from None
+            raise ImportError("writing .hdf5 needs h5py: pip install 'spacy-elmo[hdf5]'") from None
         self.path = Path(path)
         self.count = 0
         self.sentence_to_index: dict[str, str] | None = {} if sentence_index else None

@@ -65,12 +65,12 @@ with torch.no_grad():
     layers = model(**batch).hidden_states  # {num_output_layers} x (batch, words + 2, {output_dim})
 ```
 {lm_usage}
-With the `elmo` package installed (`pip install elmo`), `import hf_elmo` registers the classes and
+With the `spacy-elmo` package installed (`pip install spacy-elmo`), `import hf_elmo` registers the classes and
 `trust_remote_code` is not needed.
 
 ## Usage with spaCy
 
-With `pip install "elmo[spacy]"`:
+With `pip install spacy-elmo`:
 
 ```python
 import spacy

@@ -52,7 +52,7 @@ def spacy_tokenizer(lang: str):
         import spacy
     except ImportError:
         raise ImportError(
-            f"the word tokenizer 'spacy:{lang}' needs spaCy: pip install 'elmo[spacy]' (or pass pre-tokenized words "
+            f"the word tokenizer 'spacy:{lang}' needs spaCy: pip install spacy-elmo (or pass pre-tokenized words "
             "with is_split_into_words=True)"
         ) from None
     return spacy.blank(lang).tokenizer

@@ -63,7 +63,7 @@ def training_source(
         rows.append((f"held-out perplexity, full softmax ({validation_corpus})", _format_perplexities(validation)))
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     return (
-        f"Trained with `elmo pretrain` (the `elmo` package: PyTorch + Hugging Face Accelerate), starting from "
+        f"Trained with `elmo pretrain` (the `spacy-elmo` package: PyTorch + Hugging Face Accelerate), starting from "
         f"{started_from}.\n\n| | |\n|---|---|\n{table}\n\nPerplexities count the words plus one `</S>` (forward) "
         "or `<S>` (backward) per line; the average is exp(mean of the two cross-entropies)."
     )

@@ -6,7 +6,7 @@ trained model's config (`config.word_tokenizer`) and card:
 
 * `"whitespace"`: the text is already tokenized (e.g. PTB); words are separated by whitespace (`str.split`).
 * `"spacy:<lang>"`, e.g. `"spacy:en"`: the tokenizer of `spacy.blank(lang)`, as the spaCy component sees
-  words (whitespace tokens dropped). Needs `pip install "elmo[spacy]"`.
+  words (whitespace tokens dropped). spaCy is a dependency of the package.
 * `"elmo"`: `hf_elmo.split_words`, the raw-text mode of `ElmoCharTokenizer` (Moses-style).
 """
 

@@ -1,0 +1,91 @@
+"""`pip install spacy-elmo` without extras runs the README: the transformers example on raw text, `elmo embed default`
+and `elmo demo`. The test reads the core dependency closure from the installed metadata and runs the commands in a
+fresh interpreter in which every other installed distribution (the extras, pytest, ...) cannot be imported."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import PackageNotFoundError, distribution
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from spacy_fixtures import run_python
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def core_closure(name: str = "spacy-elmo") -> set[str]:
+    """The distributions `pip install NAME` (no extras) installs: its requirements without extra markers, and
+    theirs, recursively, as installed here."""
+    seen, todo = set(), [name]
+    while todo:
+        current = normalise(todo.pop())
+        if current in seen:
+            continue
+        try:
+            requirements = distribution(current).requires or []
+        except PackageNotFoundError:
+            continue
+        seen.add(current)
+        for line in requirements:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({**default_environment(), "extra": ""}):
+                todo.append(requirement.name)
+    return seen
+
+
+CORE_ONLY = """
+import importlib.metadata, re, sys
+core = set(sys.argv[1].split(","))
+normalise = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+for module, dists in importlib.metadata.packages_distributions().items():
+    if not core & {normalise(d) for d in dists} and module not in sys.modules:
+        sys.modules[module] = None  # `import module` raises ModuleNotFoundError, find_spec says absent
+sys.argv = sys.argv[:1]
+"""
+
+README_EXAMPLE = """
+import torch
+from transformers import AutoModel, AutoTokenizer
+import hf_elmo
+
+tokenizer = AutoTokenizer.from_pretrained(hf_elmo.DEFAULT_MODEL)
+model = AutoModel.from_pretrained(hf_elmo.DEFAULT_MODEL).eval()
+batch = tokenizer(["The bank raised rates.", "We sat on the river bank."], padding=True, return_tensors="pt")
+assert tuple(batch["input_ids"].shape) == (2, 9, 50), batch["input_ids"].shape
+with torch.no_grad():
+    output = model(**batch)
+assert len(output.hidden_states) == 3 and tuple(output.hidden_states[2].shape) == (2, 9, 512)
+print("README example ok")
+"""
+
+CLI = """
+import pathlib, tempfile, numpy
+from typer.testing import CliRunner
+from hf_elmo.cli import app
+
+folder = pathlib.Path(tempfile.mkdtemp())
+(folder / "in.txt").write_text("The bank raised rates.\\nWe sat on the river bank.\\n", encoding="utf-8")
+for args in (["embed", "default", str(folder / "in.txt"), str(folder / "out.npy")], ["demo"]):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, (args, result.output, result.exception)
+    print(result.output)
+assert numpy.load(folder / "out.npy").shape[-1] == 512
+"""
+
+
+def test_the_core_install_is_lean_and_has_spacy():
+    closure = core_closure()
+    assert {"spacy-elmo", "torch", "transformers", "spacy", "safetensors"} <= closure
+    assert not {"h5py", "accelerate", "matplotlib", "pytest", "cupy-cuda12x"} & closure
+
+
+def test_readme_embed_and_demo_run_with_the_core_install_alone():
+    core = ",".join(sorted(core_closure()))
+    absent = "import importlib.util\nprint([importlib.util.find_spec(m) for m in ('h5py', 'accelerate', 'pytest')])"
+    assert run_python(CORE_ONLY + absent, core).strip() == "[None, None, None]"
+    assert "README example ok" in run_python(CORE_ONLY + README_EXAMPLE, core)
+    output = run_python(CORE_ONLY + CLI, core)
+    assert "2 sentences written" in output and "same-sense uses are" in output and "spaCy:" in output
