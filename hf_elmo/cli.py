@@ -42,8 +42,19 @@ class LayerMode(str, Enum):
     mix = "mix"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"elmo {__version__} (spacy-elmo), torch {torch.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
     """ELMo biLMs for Hugging Face transformers: convert original weights, inspect models, embed text, train."""
     hf_logging.disable_progress_bar()  # loading bars of transformers would clutter the output
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,6 +20,17 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelCardData
 from .configuration_elmo import ElmoConfig
 from .modeling_elmo import ElmoModel
 from .tokenization_elmo import ElmoCharTokenizer
+
+
+@dataclass
+class CardMetadata:
+    """Hub metadata of a card: the language of the training text, the Hub ids of its datasets, and the Hub model
+    the weights were fine-tuned from."""
+
+    language: str | None = None
+    datasets: list[str] = field(default_factory=list)
+    base_model: str | None = None
+
 
 _CARD_TEMPLATE = """---
 {card_data}
@@ -99,16 +111,24 @@ def build_model_card(
     repo_id: str = "path/to/model",
     n_parameters: int = 0,
     tags: list[str] | None = None,
+    metadata: CardMetadata | None = None,
 ) -> ModelCard:
     """A model card describing the architecture, its size, where the weights come from and how to use them.
 
-    `repo_id` is the id the usage snippets load; `tags` are added to the card's own.
+    `repo_id` is the id the usage snippets load; `tags` are added to the card's own; `metadata` fills the card's
+    `language` (by default the language of a `spacy:<lang>` word tokenizer), `datasets` and `base_model`.
     """
     own_tags = ["elmo", "bilm", "feature-extraction", "custom_code"]
+    metadata = metadata or CardMetadata()
+    word_tokenizer = getattr(config, "word_tokenizer", None) or ""
+    tokenizer_language = word_tokenizer.partition(":")[2] if word_tokenizer.startswith("spacy:") else None
     card_data = ModelCardData(
+        language=metadata.language or tokenizer_language,
         library_name="transformers",
         license="apache-2.0",
         tags=[*own_tags, *(tag for tag in tags or [] if tag not in own_tags)],
+        datasets=metadata.datasets or None,
+        base_model=metadata.base_model,
         pipeline_tag="feature-extraction",
     )
     has_softmax = bool(config.vocab_size)
@@ -133,20 +153,35 @@ def build_model_card(
 
 
 def model_card(
-    model: torch.nn.Module, repo_id: str, source: str | None = None, tags: list[str] | None = None
+    model: torch.nn.Module,
+    repo_id: str,
+    source: str | None = None,
+    tags: list[str] | None = None,
+    metadata: CardMetadata | None = None,
 ) -> ModelCard:
     """The card of `model` (an `ElmoModel` or `ElmoForBidirectionalLM`); `source` defaults to `weights_source`."""
     n_parameters = sum(p.numel() for p in model.parameters())
-    return build_model_card(model.config, source or weights_source(model), repo_id, n_parameters, tags)
+    return build_model_card(model.config, source or weights_source(model), repo_id, n_parameters, tags, metadata)
 
 
 def write_model_card(
-    output_dir: str | Path, model: torch.nn.Module, source: str, repo_id: str = "path/to/model"
+    output_dir: str | Path,
+    model: torch.nn.Module,
+    source: str,
+    repo_id: str = "path/to/model",
+    metadata: CardMetadata | None = None,
 ) -> Path:
     """Write `README.md` (the model card of `model`) into a `save_pretrained` directory."""
     path = Path(output_dir) / "README.md"
-    model_card(model, repo_id, source).save(path)
+    model_card(model, repo_id, source, metadata=metadata).save(path)
     return path
+
+
+def card_metadata(card_text: str) -> CardMetadata:
+    """The `language`, `datasets` and `base_model` of a card."""
+    data = ModelCard(card_text).data
+    language = data.language[0] if isinstance(data.language, list) and len(data.language) == 1 else data.language
+    return CardMetadata(language=language, datasets=list(data.datasets or []), base_model=data.base_model)
 
 
 def card_source(card_text: str) -> str | None:
@@ -223,9 +258,8 @@ def export_encoder(
     if hasattr(model.config, "word_vocab_file"):
         del model.config.word_vocab_file
     readme = trained_dir / "README.md"
-    source = (card_source(readme.read_text(encoding="utf-8")) if readme.is_file() else None) or (
-        "Not recorded: the trained directory has no model card."
-    )
+    card_text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    source = card_source(card_text) or "Not recorded: the trained directory has no model card."
     source += (
         f"\n\nThe word softmax ({config.vocab_size:,} words) was dropped after training with `elmo export-encoder`: "
         "the perplexities above were measured with it; this model gives the representations only."
@@ -236,7 +270,7 @@ def export_encoder(
     model.save_pretrained(output_dir)
     word_tokenizer = getattr(model.config, "word_tokenizer", None)  # raw text split as in training
     ElmoCharTokenizer.from_pretrained(trained_dir, word_tokenizer=word_tokenizer).save_pretrained(output_dir)
-    write_model_card(output_dir, model, source)
+    write_model_card(output_dir, model, source, metadata=card_metadata(card_text) if card_text else None)
     if not remote_code:
         for code_file in output_dir.glob("*.py"):
             code_file.unlink()

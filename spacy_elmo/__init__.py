@@ -1,21 +1,24 @@
-"""ELMo for spaCy: the `elmo` component, listeners with per-task scalar mixes, and ready-to-train configs."""
+"""ELMo for spaCy: the `elmo` component, listeners with per-task scalar mixes, and ready-to-train configs.
 
-import os
+The factory and the config functions reach spaCy through entry points, so importing this package loads nothing
+heavy: `python -m spacy ...` (which imports the `spacy init elmo-config` command) does not import torch. The names
+below are imported on first use.
+"""
 
-import torch
+from importlib import import_module
+from typing import Any
 
-from . import architectures, span_getters, weights  # noqa: F401 (registers the config functions)
-from .pipeline_component import Elmo, make_elmo
-from .vectors import register_extensions, restore_hooks
+_EXPORTS = {
+    "Elmo": "pipeline_component",
+    "make_elmo": "pipeline_component",
+    "register_extensions": "vectors",
+    "restore_hooks": "vectors",
+}
+
+__all__ = list(_EXPORTS)
 
 
-def _single_threaded_torch() -> None:
-    # A forked child inheriting torch's OpenMP thread pool can hang in its first torch op, e.g. in
-    # nlp.pipe(n_process=2): children run torch single-threaded instead.
-    torch.set_num_threads(1)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_single_threaded_torch)
-
-__all__ = ["Elmo", "make_elmo", "register_extensions", "restore_hooks"]
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)

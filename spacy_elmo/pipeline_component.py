@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any
 
 import numpy as np
+import torch
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
 from spacy.tokens import Doc
@@ -40,6 +42,16 @@ DEFAULT_CONFIG = Config().from_str(DEFAULT_CONFIG_STR)
 STORE_DTYPES = ("float32", "float16")
 
 register_extensions()
+
+
+def _single_threaded_torch() -> None:
+    # A forked child inheriting torch's OpenMP thread pool can hang in its first torch op, e.g. in
+    # nlp.pipe(n_process=2): children of a process that uses the component run torch single-threaded instead.
+    torch.set_num_threads(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_single_threaded_torch)
 
 
 @Language.factory(

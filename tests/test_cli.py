@@ -46,6 +46,13 @@ def assert_clean_failure(result, message: str, exit_code: int | None = None) -> 
     assert message in " ".join(result.stderr.replace("│", " ").split()), result.stderr
 
 
+def test_version():
+    from hf_elmo import __version__
+
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.startswith(f"elmo {__version__} (spacy-elmo), torch "), result.output
+
+
 def test_convert_writes_a_loadable_directory(tmp_path):
     result = run("convert", FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5", tmp_path / "model")
     assert result.exit_code == 0, result.output

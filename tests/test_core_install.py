@@ -89,3 +89,12 @@ def test_readme_embed_and_demo_run_with_the_core_install_alone():
     assert "README example ok" in run_python(CORE_ONLY + README_EXAMPLE, core)
     output = run_python(CORE_ONLY + CLI, core)
     assert "2 sentences written" in output and "same-sense uses are" in output and "spaCy:" in output
+
+
+def test_spacy_commands_do_not_import_transformers():
+    """Every `python -m spacy` command imports `spacy init elmo-config` (the `spacy_cli` entry point): that must not
+    load transformers or the biLM (seconds per command); the component's names still come on first use."""
+    loaded = "import sys, spacy_elmo.cli\nprint(sorted(m for m in ('transformers', 'hf_elmo') if m in sys.modules))"
+    assert run_python(loaded).strip() == "[]"
+    assert run_python("import spacy_elmo\nprint(spacy_elmo.Elmo.__name__, spacy_elmo.restore_hooks.__name__)").split() \
+        == ["Elmo", "restore_hooks"]

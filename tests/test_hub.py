@@ -25,7 +25,16 @@ from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTok
 import hf_elmo
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoModel
 from hf_elmo.convert import convert
-from hf_elmo.hub import RANDOM_WEIGHTS_SOURCE, card_source, is_generic_card, push_to_hub, weights_source
+from hf_elmo.hub import (
+    RANDOM_WEIGHTS_SOURCE,
+    CardMetadata,
+    build_model_card,
+    card_metadata,
+    card_source,
+    is_generic_card,
+    push_to_hub,
+    weights_source,
+)
 
 LM_REPO, CONVERTED_REPO = "org/tiny-elmo-lm", "org/elmo-allennlp"
 TINY_SOURCE = "Random weights for the tests of the `elmo` project (`torch.manual_seed(0)`)."
@@ -185,6 +194,14 @@ def test_weights_source_names_no_local_path(tmp_path):
     assert weights_source(reloaded).startswith("Not recorded") and str(tmp_path) not in weights_source(reloaded)
     reloaded.name_or_path = "org/some-elmo"
     assert weights_source(reloaded) == "The weights of the Hub model `org/some-elmo` (see its model card)."
+
+
+def test_card_metadata_language_from_the_word_tokenizer_datasets_and_base_model():
+    config = tiny_config()
+    assert ModelCard(str(build_model_card(config, "x"))).data.language is None
+    config.word_tokenizer = "spacy:en"
+    card = build_model_card(config, "x", metadata=CardMetadata(datasets=["org/corpus"], base_model="org/elmo"))
+    assert card_metadata(str(card)) == CardMetadata(language="en", datasets=["org/corpus"], base_model="org/elmo")
 
 
 def card_snippet(repo_id: str, first_line: str) -> str:

@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from elmo_fixtures import FIXTURES, require
 from fake_hub import FakeHub
-from huggingface_hub import list_repo_files
+from huggingface_hub import ModelCard, list_repo_files
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -326,6 +326,7 @@ def toy_lm(tmp_path_factory) -> Path:
     result = runner.invoke(app, ["pretrain", *toy_args(
         tmp_path, "--num_sampled", "16", "--num_train_epochs", "50", "--batch_tokens", "60",
         "--max_grad_norm", "1.0", "--validation_files", str(TOY / "data.txt"), "--corpus_name", "bilm-tf toy corpus",
+        "--dataset_ids", "org/toy-corpus",
     )])
     torch.set_num_threads(threads)
     reset_accelerate()
@@ -358,6 +359,8 @@ def test_the_trained_directory_records_tokenizer_vocabulary_and_training_in_conf
                  f"{state['step']:,} optimizer steps", f"average {state['validation']['average_perplexity']:.2f}"):
         assert text in card
     assert state["step"] == 150  # 50 epochs of 3 batches
+    metadata = ModelCard(card).data  # whitespace-split text: no language; trained from scratch: no base model
+    assert metadata.datasets == ["org/toy-corpus"] and metadata.language is None and metadata.base_model is None
     assert [p.name for p in list_checkpoints(toy_lm / "checkpoints")] == ["checkpoint-150"]
 
 
@@ -386,6 +389,7 @@ def test_export_encoder_drops_the_softmax_and_keeps_the_representations_and_the_
     for text in ("bilm-tf toy corpus", f"average {state['validation']['average_perplexity']:.2f}",
                  "word softmax (32 words) was dropped", "Trained on a toy CPU.", "none (encoder only)"):
         assert text in card
+    assert ModelCard(card).data.datasets == ["org/toy-corpus"]
     config = json.loads((out / "config.json").read_text())
     assert ("auto_map" in config) == remote_code
     assert bool(list(out.glob("*.py"))) == remote_code

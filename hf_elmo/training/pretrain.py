@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, HfArgumentParser, get_scheduler
 
 from ..configuration_elmo import ElmoConfig
-from ..hub import write_model_card
+from ..hub import CardMetadata, write_model_card
 from ..modeling_elmo import ElmoForBidirectionalLM, ElmoModel
 from ..tokenization_elmo import ElmoCharTokenizer
 from .card import describe_files, push_trained_model, training_source
@@ -63,6 +63,8 @@ class PretrainArguments:
                                        "split_words). Default: the starting model's, else spacy:en."})
     corpus_name: str | None = field(default=None, metadata={"help": "The corpus, for the model card "
                                     "(default: the training file names)."})
+    dataset_ids: list[str] = field(default_factory=list, metadata={"help": "Hub dataset ids of the corpus, for "
+                                   "the model card's `datasets`."})
     max_words: int | None = field(default=100, metadata={"help": "Lines longer than this many words are cut into "
                                   "pieces trained as separate sequences."})
     block_lines: int = field(default=10_000, metadata={"help": "Lines read, shuffled and batched together."})
@@ -408,7 +410,9 @@ def train(args: PretrainArguments) -> Path:
             validation=validation,
             validation_corpus=describe_files(validation_files),
         )
-        write_model_card(output_dir, lm, source)
+        base_model = args.init_model if args.init_model and not Path(args.init_model).exists() else None
+        metadata = CardMetadata(datasets=args.dataset_ids, base_model=base_model)
+        write_model_card(output_dir, lm, source, metadata=metadata)
         trainer_state = {"step": step, "epoch": position.epoch, "tokens": tokens, "validation": validation,
                          "processes": processes}
         (output_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
