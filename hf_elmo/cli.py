@@ -126,7 +126,7 @@ def convert(
     """Convert original ELMo weights (bilm-tf / AllenNLP options.json + .hdf5) into a save_pretrained directory
     (config, model.safetensors, tokenizer, model card). Prints the directory."""
     try:
-        output = legacy.convert(options_json, weights_hdf5, out_dir)
+        output = legacy.convert(options_json, weights_hdf5, out_dir, progress=True)
     except (legacy.LegacyWeightsError, OSError) as error:
         _fail(str(error))
     typer.echo(output)
@@ -348,7 +348,7 @@ def build_vocab(
     training = _training()
     try:
         tokenizer = training.get_word_tokenizer(word_tokenizer)
-        counts = training.count_corpus_words(training.expand_files(files), tokenizer)
+        counts = training.count_corpus_words(training.expand_files(files), tokenizer, progress=True)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     vocabulary = training.WordVocabulary.from_counts(counts, max_size=max_size, min_count=min_count)
@@ -396,7 +396,7 @@ def evaluate(
     try:
         metrics = training.evaluate_model(
             _model_location(model), files, word_tokenizer=word_tokenizer, batch_tokens=batch_tokens,
-            max_words=max_words, device=device,
+            max_words=max_words, device=device, progress=True,
         )
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .configuration_elmo import ElmoConfig
 from .modeling_elmo import ElmoModel
@@ -104,7 +105,7 @@ def legacy_layout(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
     return layout
 
 
-def _read_hdf5(weights_file: str | Path, config: ElmoConfig) -> dict[str, np.ndarray]:
+def _read_hdf5(weights_file: str | Path, config: ElmoConfig, progress: bool = False) -> dict[str, np.ndarray]:
     import h5py  # only conversion needs h5py
 
     layout = legacy_layout(config)
@@ -120,7 +121,8 @@ def _read_hdf5(weights_file: str | Path, config: ElmoConfig) -> dict[str, np.nda
         handle.visititems(lambda name, item: found.append(name) if isinstance(item, h5py.Dataset) else None)
         if "embedding" in found and "char_embed" not in found:
             raise LegacyWeightsError(f"{weights_file}: a word-input biLM ('embedding' dataset); not supported")
-        for name, shape in layout.items():
+        items = tqdm(layout.items(), desc="reading weights", unit=" arrays", disable=not progress, leave=False)
+        for name, shape in items:
             if name not in handle:
                 raise LegacyWeightsError(f"{weights_file}: dataset '{name}' is missing (expected shape {shape})")
             try:
@@ -211,22 +213,28 @@ def read_options(options_file: str | Path) -> dict:
         raise LegacyWeightsError(f"{options_file}: not valid JSON ({error})") from None
 
 
-def load_legacy(options_file: str | Path, weights_file: str | Path) -> ElmoModel:
-    """An `ElmoModel` (eval mode) with the weights of an original options/hdf5 pair."""
+def load_legacy(options_file: str | Path, weights_file: str | Path, progress: bool = False) -> ElmoModel:
+    """An `ElmoModel` (eval mode) with the weights of an original options/hdf5 pair (`progress`: a bar of the
+    arrays read, on stderr)."""
     config = config_from_options(read_options(options_file), options_file)
-    state = state_dict_from_legacy(_read_hdf5(weights_file, config), config)
+    state = state_dict_from_legacy(_read_hdf5(weights_file, config, progress), config)
     model = ElmoModel(config)
     model.load_state_dict(state, strict=True)
     return model.eval()
 
 
 def convert(
-    options_file: str | Path, weights_file: str | Path, output_dir: str | Path, source: str | None = None
+    options_file: str | Path,
+    weights_file: str | Path,
+    output_dir: str | Path,
+    source: str | None = None,
+    progress: bool = False,
 ) -> Path:
-    """Write a `save_pretrained` directory (config, model.safetensors, tokenizer, model card)."""
+    """Write a `save_pretrained` directory (config, model.safetensors, tokenizer, model card); `progress` as in
+    `load_legacy`."""
     from .hub import write_model_card
 
-    model = load_legacy(options_file, weights_file)
+    model = load_legacy(options_file, weights_file, progress)
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token).save_pretrained(output_dir)

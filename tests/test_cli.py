@@ -57,6 +57,7 @@ def test_convert_writes_a_loadable_directory(tmp_path):
     result = run("convert", FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5", tmp_path / "model")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(tmp_path / "model")
+    assert "reading weights: " in result.stderr  # progress, on stderr
     model = ElmoModel.from_pretrained(tmp_path / "model")
     with h5py.File(FIXTURES / "lm_weights.hdf5") as weights:
         np.testing.assert_array_equal(model.char_cnn.char_embedding.weight[1:].detach().numpy(), weights["char_embed"])

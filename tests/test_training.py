@@ -339,6 +339,7 @@ def test_the_toy_corpus_is_learned_to_perplexity_below_20_as_in_bilm_tf(toy_lm, 
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)
     assert set(metrics) == {"forward_perplexity", "backward_perplexity", "average_perplexity", "tokens"}
+    assert "evaluating: " in result.stderr  # progress, on stderr
     assert metrics["tokens"] == 134 + 5  # words + one </S> per line
     assert metrics["average_perplexity"] < 20
     average = math.exp(0.5 * (math.log(metrics["forward_perplexity"]) + math.log(metrics["backward_perplexity"])))
@@ -530,6 +531,7 @@ def test_build_vocab_writes_the_vocabulary_and_reports_its_coverage(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "v.txt").read_text().split() == ["<S>", "</S>", "<UNK>", "c", "b"]
     assert "5 entries covering 75.00% of 8 words" in result.stdout
+    assert "counting c.txt.gz: " in result.stderr and "2 lines" in result.stderr  # progress, on stderr
     missing = runner.invoke(app, ["build-vocab", str(tmp_path / "none*.txt"), "-o", str(tmp_path / "x.txt")])
     assert missing.exit_code == 1 and "no file matches" in missing.stderr
 

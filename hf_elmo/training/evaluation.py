@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 from accelerate import Accelerator
+from tqdm.auto import tqdm
 from transformers import AutoConfig
 
 from ..configuration_elmo import ElmoConfig
@@ -42,13 +43,14 @@ def evaluate(
     batches: Iterable[dict],
     device: torch.device | str = "cpu",
     accelerator: Accelerator | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Full-softmax perplexities of `objective.lm` over `batches` (this process's part when `accelerator` is
-    given: the sums of all processes are combined)."""
+    given: the sums of all processes are combined); `progress` shows a bar of batches on stderr."""
     was_training = objective.training
     objective.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for batch in batches:
+    for batch in tqdm(batches, desc="evaluating", unit=" batches", disable=not progress, leave=False):
         inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}
         output = objective(**inputs)
         sums += torch.stack([output.forward_loss_sum.double(), output.backward_loss_sum.double(),
@@ -69,9 +71,11 @@ def evaluate_model(
     batch_tokens: int = 1024,
     max_words: int | None = None,
     device: str = "cpu",
+    progress: bool = False,
 ) -> dict[str, float]:
     """Perplexities of the `ElmoForBidirectionalLM` in `model` (directory or Hub id, with its `vocab.txt`) on
-    `files`, words split by `word_tokenizer` (default: the one recorded in its config)."""
+    `files`, words split by `word_tokenizer` (default: the one recorded in its config); `progress` as in
+    `evaluate`."""
     config = AutoConfig.from_pretrained(model)
     if not isinstance(config, ElmoConfig) or not config.vocab_size:
         raise ValueError(f"{model} has no word softmax (config.vocab_size): it cannot compute perplexities")
@@ -91,4 +95,4 @@ def evaluate_model(
         max_words=max_words,
         shuffle=False,
     )
-    return evaluate(BidirectionalLMLoss(lm), batches, device=device)
+    return evaluate(BidirectionalLMLoss(lm), batches, device=device, progress=progress)

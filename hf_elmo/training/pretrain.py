@@ -160,7 +160,7 @@ def load_vocabulary(args: PretrainArguments, accelerator: Accelerator, word_toke
         logger.info("Building the vocabulary from the training files")
         vocabulary = build_vocabulary(
             expand_files(args.train_files), get_word_tokenizer(word_tokenizer_name), args.max_vocab_size,
-            args.min_count,
+            args.min_count, progress=True,
         )
     if accelerator.is_main_process:
         vocabulary.save(saved)
@@ -302,7 +302,8 @@ def train(args: PretrainArguments) -> Path:
         if not validation_files:
             return None
         model = accelerator.unwrap_model(objective)  # no DDP hooks: processes may have different batch counts
-        return evaluate(model, batches(validation_files, shuffle=False), accelerator.device, accelerator)
+        return evaluate(model, batches(validation_files, shuffle=False), accelerator.device, accelerator,
+                        progress=accelerator.is_main_process)
 
     def total_tokens() -> int:
         return int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), reduction="sum"))

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from tqdm.auto import tqdm
 from transformers.utils import cached_file
 
 from .text import WordTokenizer, read_lines
@@ -106,11 +107,12 @@ def count_words(lines: Iterable[str], word_tokenizer: WordTokenizer, batch_lines
     return counts
 
 
-def count_corpus_words(files: Sequence[str], word_tokenizer: WordTokenizer) -> Counter[str]:
-    """Word frequencies of every line of `files` (streamed)."""
+def count_corpus_words(files: Sequence[str], word_tokenizer: WordTokenizer, progress: bool = False) -> Counter[str]:
+    """Word frequencies of every line of `files` (streamed); `progress` shows a bar of lines per file on stderr."""
     counts: Counter[str] = Counter()
     for path in files:
-        counts.update(count_words(read_lines(path), word_tokenizer))
+        lines = tqdm(read_lines(path), desc=f"counting {Path(path).name}", unit=" lines", disable=not progress)
+        counts.update(count_words(lines, word_tokenizer))
     return counts
 
 
@@ -119,6 +121,9 @@ def build_vocabulary(
     word_tokenizer: WordTokenizer,
     max_size: int | None = None,
     min_count: int = 1,
+    progress: bool = False,
 ) -> WordVocabulary:
-    """The vocabulary of the words of `files` (see `WordVocabulary.from_counts`)."""
-    return WordVocabulary.from_counts(count_corpus_words(files, word_tokenizer), max_size=max_size, min_count=min_count)
+    """The vocabulary of the words of `files` (see `WordVocabulary.from_counts`; `progress` as in
+    `count_corpus_words`)."""
+    counts = count_corpus_words(files, word_tokenizer, progress)
+    return WordVocabulary.from_counts(counts, max_size=max_size, min_count=min_count)
