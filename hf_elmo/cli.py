@@ -17,12 +17,11 @@ import typer
 from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
+from . import DEFAULT_MODEL_NAME, hub, model_location
 from . import convert as legacy
-from . import hub, model_location
 from .configuration_elmo import ElmoConfig
 from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, bound_onednn_caches, embed_file
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
-from .tokenization_elmo import ElmoCharTokenizer
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -202,16 +201,32 @@ def _parse_weights(weights: str) -> list[float]:
 
 @app.command()
 def embed(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
-    input_file: Annotated[str, typer.Argument(metavar="INPUT", help="Text file, one sentence per line; `-`: stdin.")],
-    output_file: Annotated[Path, typer.Argument(metavar="OUTPUT", help="`.hdf5`, `.h5` or `.npy` file.")],
+    arguments: Annotated[list[str], typer.Argument(
+        metavar="[MODEL] INPUT OUTPUT",
+        help=f"MODEL: {MODEL_HELP} [default: `default`, or the original weights of --options-file/--weight-file]. "
+        "INPUT: text file, one sentence per line; `-`: stdin. OUTPUT: `.hdf5`, `.h5` or `.npy` file.",
+    )],
     tokenized: Annotated[
-        bool, typer.Option("--tokenized", help="Lines are words separated by whitespace (else raw text).")
-    ] = False,
+        bool | None,
+        typer.Option("--tokenized/--raw", help="Lines are words separated by whitespace / raw text [default: raw, "
+                     "except with --options-file: whitespace, as `allennlp elmo`]."),
+    ] = None,
     layers: Annotated[
-        LayerMode,
-        typer.Option(help="`all` (layers, words, width) per sentence; `top`, `average` or `mix`: (words, width)."),
-    ] = LayerMode.all,
+        LayerMode | None,
+        typer.Option(help="`all` (layers, words, width) per sentence; `top`, `average` or `mix`: (words, width) "
+                     "[default: all]."),
+    ] = None,
+    all_layers: Annotated[bool, typer.Option("--all", help="`allennlp elmo`'s spelling of --layers all.")] = False,
+    top_layer: Annotated[bool, typer.Option("--top", help="`allennlp elmo`'s spelling of --layers top.")] = False,
+    average_layers: Annotated[
+        bool, typer.Option("--average", help="`allennlp elmo`'s spelling of --layers average.")
+    ] = False,
+    options_file: Annotated[
+        Path | None, typer.Option(help="The original options.json (with --weight-file), instead of MODEL.")
+    ] = None,
+    weight_file: Annotated[
+        Path | None, typer.Option(help="The original .hdf5 weights (with --options-file), instead of MODEL.")
+    ] = None,
     weights: Annotated[
         str | None,
         typer.Option(help="With `--layers mix`: comma-separated scalar parameters s, one per layer (softmaxed)."),
@@ -223,14 +238,26 @@ def embed(
     buffer_tokens: Annotated[
         int | None, typer.Option(min=1, help="Positions read ahead and sorted by length [default: 4 x batch-tokens].")
     ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, help="Sentences per forward pass at most, on top of --batch-tokens.")
+    ] = None,
     forget_sentences: Annotated[
         bool, typer.Option("--forget-sentences", help="hdf5: leave out `sentence_to_index` (flat memory).")
     ] = False,
-    device: Annotated[str, typer.Option(help="`cpu`, `cuda`, `cuda:1`, ...")] = "cpu",
+    use_sentence_keys: Annotated[
+        bool, typer.Option("--use-sentence-keys", help="hdf5: name each dataset by its line instead of its index.")
+    ] = False,
+    device: Annotated[str | None, typer.Option(help="`cpu`, `cuda`, `cuda:1`, ... [default: cpu]")] = None,
+    cuda_device: Annotated[
+        int | None, typer.Option(help="`allennlp elmo`'s device: -1 for the CPU, n for cuda:n.")
+    ] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
+
+    `allennlp elmo INPUT OUTPUT --top --options-file O --weight-file W --batch-size 64 --cuda-device 0` works
+    with the same flags here: `elmo embed` followed by them.
 
     **Input.** Line i (0-based, split on `\\n` only; `\\r\\n` and a leading BOM are accepted) is always
     sentence i. Raw text is split into words by the word tokenizer the model was trained with
@@ -244,7 +271,9 @@ def embed(
 
     **Output.** `.hdf5`/`.h5`: AllenNLP's `elmo` layout, one float32 dataset per sentence named by its line
     index, shape (layers, words, width) with `--layers all` else (words, width), plus `sentence_to_index`
-    (a JSON string {stripped line: "index"}; a repeated line maps to its last index). `.npy`: the vectors of all
+    (a JSON string {stripped line: "index"}; a repeated line maps to its last index); with
+    `--use-sentence-keys` each dataset is named by its stripped line (written once per distinct line) and there
+    is no `sentence_to_index`. `.npy`: the vectors of all
     words in input order, (total words, layers, width) or (total words, width), and `<stem>.offsets.npy`
     (int64, sentences + 1): sentence i is rows offsets[i]:offsets[i+1] (an empty sentence repeats an offset).
     The output appears only when complete.
@@ -257,7 +286,17 @@ def embed(
     (except `sentence_to_index`; see `--forget-sentences`; oneDNN's kernel caches are capped at 64 shapes unless
     ONEDNN_PRIMITIVE_CACHE_CAPACITY / LRU_CACHE_CAPACITY are set). A sentence's vectors do not depend on its batch.
     """
+    legacy_weights = options_file is not None or weight_file is not None
+    if len(arguments) not in (2, 3) or (legacy_weights and len(arguments) == 3):
+        raise typer.BadParameter(
+            "expected [MODEL] INPUT OUTPUT (INPUT OUTPUT with --options-file/--weight-file)",
+            param_hint="[MODEL] INPUT OUTPUT",
+        )
+    if legacy_weights and (options_file is None or weight_file is None):
+        raise typer.BadParameter("give both", param_hint="--options-file/--weight-file")
+    model = arguments[0] if len(arguments) == 3 else DEFAULT_MODEL_NAME
     # A str, not a Path with allow_dash: typer 0.29 compares Path("-") with "-" and rejects stdin.
+    input_file, output_file = arguments[-2], Path(arguments[-1])
     if input_file != "-" and not Path(input_file).exists():
         raise typer.BadParameter(f"{input_file} does not exist", param_hint="INPUT")
     if Path(input_file).is_dir():
@@ -271,42 +310,59 @@ def embed(
         _fail(f"output directory {output_file.parent} does not exist")
     if output_file.is_dir():
         _fail(f"{output_file} is a directory")
+    if use_sentence_keys and suffix == ".npy":
+        raise typer.BadParameter("names the datasets of an .hdf5 file; OUTPUT is .npy",
+                                 param_hint="--use-sentence-keys")
+    chosen = {mode for mode, flag in ((LayerMode.all, all_layers), (LayerMode.top, top_layer),
+                                      (LayerMode.average, average_layers)) if flag} | ({layers} if layers else set())
+    if len(chosen) > 1:
+        raise typer.BadParameter("choose one of them", param_hint="--layers/--all/--top/--average")
+    layers = chosen.pop() if chosen else LayerMode.all
     if layers != LayerMode.mix and (weights is not None or gamma != 1.0):
         raise typer.BadParameter("only with --layers mix", param_hint="--weights/--gamma")
     scalar_parameters = _parse_weights(weights) if weights is not None else None
+    if device is not None and cuda_device is not None:
+        raise typer.BadParameter("choose one of them", param_hint="--device/--cuda-device")
+    if cuda_device is not None:
+        device = "cpu" if cuda_device < 0 else f"cuda:{cuda_device}"
     try:
-        torch_device = torch.device(device)
+        torch_device = torch.device(device or "cpu")
     except RuntimeError as error:
         raise typer.BadParameter(str(error), param_hint="--device") from None
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         _fail("--device cuda: CUDA is not available")
-    config = _load_config(model)
-    if scalar_parameters is not None and len(scalar_parameters) != config.num_output_layers:
-        raise typer.BadParameter(
-            f"{len(scalar_parameters)} weights given; the model has {config.num_output_layers} layers "
-            f"(the token layer + {config.n_layers} biLSTM layers)",
-            param_hint="--weights",
-        )
+    if not legacy_weights:
+        config = _load_config(model)
+        if scalar_parameters is not None and len(scalar_parameters) != config.num_output_layers:
+            raise typer.BadParameter(
+                f"{len(scalar_parameters)} weights given; the model has {config.num_output_layers} layers "
+                f"(the token layer + {config.n_layers} biLSTM layers)",
+                param_hint="--weights",
+            )
     if threads is not None:
         torch.set_num_threads(threads)
     bound_onednn_caches()
-    bilm = _load_model(model, config)
-    embedder = ElmoEmbedder(
-        bilm.elmo if isinstance(bilm, ElmoForBidirectionalLM) else bilm,
-        ElmoCharTokenizer.from_pretrained(_model_location(model)),
-        layers=layers.value,
-        scalar_parameters=scalar_parameters,
-        gamma=gamma,
-        batch_tokens=batch_tokens,
-        buffer_tokens=buffer_tokens,
-        device=torch_device,
-    )
+    try:
+        embedder = ElmoEmbedder(
+            _model_location(model) if not legacy_weights else DEFAULT_MODEL_NAME,
+            layers=layers.value,
+            scalar_parameters=scalar_parameters,
+            gamma=gamma,
+            batch_tokens=batch_tokens,
+            buffer_tokens=buffer_tokens,
+            batch_size=batch_size,
+            device=torch_device,
+            options_file=options_file,
+            weight_file=weight_file,
+        )
+    except (legacy.LegacyWeightsError, OSError, ValueError) as error:
+        _fail(f"cannot load the model: {error}")
     try:
         count = embed_file(
-            embedder, input_file, output_file, tokenized=tokenized, progress=not quiet,
-            sentence_index=not forget_sentences,
+            embedder, input_file, output_file, tokenized=legacy_weights if tokenized is None else tokenized,
+            progress=not quiet, sentence_index=not forget_sentences, sentence_keys=use_sentence_keys,
         )
-    except (OSError, ImportError) as error:
+    except (OSError, ImportError, ValueError) as error:
         _fail(str(error))
     if not quiet:
         typer.echo(f"{count} sentences written to {output_file}", err=True)

@@ -9,6 +9,7 @@ per-shape kernel caches from growing with the input.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import stat
@@ -17,14 +18,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import numpy as np
 import torch
 from numpy.lib import format as npy_format
 from tqdm import tqdm
 
-from .modeling_elmo import ElmoModel, ElmoScalarMix
+from . import DEFAULT_MODEL_NAME, model_location
+from .modeling_elmo import ElmoModel, ElmoScalarMix, remove_sentence_boundaries
 from .tokenization_elmo import ElmoCharTokenizer, split_into_words
 
 LAYER_MODES = ("all", "top", "average", "mix")
@@ -42,15 +44,20 @@ def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     os.environ.setdefault("LRU_CACHE_CAPACITY", str(capacity))
 
 
-def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Group sentence indices, longest first, so that every padded batch has at most `batch_tokens` positions.
+def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | None = None) -> list[list[int]]:
+    """Group sentence indices, longest first, so that every padded batch has at most `batch_tokens` positions
+    (and at most `batch_size` sentences, when given).
 
     A sentence of n words takes n + 2 positions (`<S>`, `</S>`); one longer than the budget is a batch of its own.
     """
     batches: list[list[int]] = []
     for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         # The first sentence of a batch is its longest, so it sets the padded width.
-        if batches and (len(batches[-1]) + 1) * (lengths[batches[-1][0]] + 2) <= batch_tokens:
+        if (
+            batches
+            and (batch_size is None or len(batches[-1]) < batch_size)
+            and (len(batches[-1]) + 1) * (lengths[batches[-1][0]] + 2) <= batch_tokens
+        ):
             batches[-1].append(index)
         else:
             batches.append([index])
@@ -77,9 +84,17 @@ class ElmoEmbedder:
     Per-word ELMo vectors for many sentences, `<S>`/`</S>` removed. Every sentence starts from the zero LSTM state,
     so its vectors do not depend on the other sentences of its batch.
 
+    AllenNLP's `ElmoEmbedder` calls work unchanged: `ElmoEmbedder()` (here the English model shipped with the
+    package), `ElmoEmbedder(options_file, weight_file, cuda_device)` (the original weights, converted in memory),
+    `embed_sentence`, `embed_batch`, `embed_sentences(sentences, batch_size)`, `batch_to_embeddings` and
+    `embed_file(input_file, output_file_path, output_format, batch_size, forget_sentences, use_sentence_keys)`,
+    with AllenNLP's shapes (`layers="all"`: `(n_layers + 1, words, width)` per sentence).
+
     Args:
-        model (`ElmoModel`): the biLM; it is put in eval mode (and moved to `device` if given).
-        tokenizer (`ElmoCharTokenizer`, optional): defaults to one matching `model.config`.
+        model (`ElmoModel` or `str`, `"default"`): the biLM, or where to load it: `"default"` (the English model
+            shipped with the package), a `save_pretrained` directory (a trained biLM with a softmax gives its
+            encoder) or a Hub id. It is put in eval mode (and moved to `device` if given).
+        tokenizer (`ElmoCharTokenizer`, optional): defaults to the loaded model's, or one matching `model.config`.
         layers (`str`, `"all"`): `"all"` gives `(n_layers + 1, words, width)` per sentence; `"top"` the last biLSTM
             layer, `"average"` the mean of all layers and `"mix"` `gamma * sum_j softmax(s)_j * layer_j`, each
             `(words, width)`.
@@ -89,20 +104,39 @@ class ElmoEmbedder:
         batch_tokens (`int`, 4096): padded positions per forward pass, boundaries included.
         buffer_tokens (`int`, optional): positions read ahead and sorted by length before batching (default
             `4 * batch_tokens`); bounds the memory held by `embed_sentences`.
+        batch_size (`int`, optional): sentences per forward pass at most (AllenNLP's `batch_size`), on top of
+            `batch_tokens`.
         device (`str` or `torch.device`, optional): where to run the model; default: where it is.
+        options_file, weight_file (`str`, optional): the original `options.json` and `.hdf5` weights, instead of
+            `model` (as AllenNLP; also accepted as the first two positional arguments).
+        cuda_device (`int`, optional): AllenNLP's device argument: -1 for the CPU, n for `cuda:n`.
     """
 
     def __init__(
         self,
-        model: ElmoModel,
-        tokenizer: ElmoCharTokenizer | None = None,
+        model: ElmoModel | str | os.PathLike = DEFAULT_MODEL_NAME,
+        tokenizer: ElmoCharTokenizer | str | os.PathLike | None = None,
         layers: str = "all",
         scalar_parameters: Sequence[float] | None = None,
         gamma: float = 1.0,
         batch_tokens: int = 4096,
         buffer_tokens: int | None = None,
         device: str | torch.device | None = None,
+        batch_size: int | None = None,
+        *,
+        options_file: str | os.PathLike | None = None,
+        weight_file: str | os.PathLike | None = None,
+        cuda_device: int | None = None,
     ):
+        if isinstance(model, (str, os.PathLike)) and str(model).endswith(".json") and isinstance(
+            tokenizer, (str, os.PathLike)
+        ):  # AllenNLP's positional ElmoEmbedder(options_file, weight_file)
+            model, tokenizer, options_file, weight_file = DEFAULT_MODEL_NAME, None, model, tokenizer
+        if cuda_device is not None:
+            if device is not None:
+                raise ValueError("give device or cuda_device, not both")
+            device = "cpu" if cuda_device < 0 else f"cuda:{cuda_device}"
+        model, tokenizer = _load_model(model, tokenizer, options_file, weight_file)
         num_layers = model.config.num_output_layers
         if layers not in LAYER_MODES:
             raise ValueError(f"layers must be one of {LAYER_MODES}, got {layers!r}")
@@ -110,22 +144,60 @@ class ElmoEmbedder:
             raise ValueError("scalar parameters and gamma apply to layers='mix' only")
         if scalar_parameters is not None and len(scalar_parameters) != num_layers:
             raise ValueError(f"{len(scalar_parameters)} scalar parameters given, the model has {num_layers} layers")
-        if batch_tokens < 1 or (buffer_tokens is not None and buffer_tokens < 1):
-            raise ValueError("batch_tokens and buffer_tokens must be >= 1")
+        if batch_tokens < 1 or (buffer_tokens is not None and buffer_tokens < 1) or (
+            batch_size is not None and batch_size < 1
+        ):
+            raise ValueError("batch_tokens, buffer_tokens and batch_size must be >= 1")
         self.model = model.eval() if device is None else model.to(device).eval()
         self.device = next(model.parameters()).device
         self.tokenizer = tokenizer or ElmoCharTokenizer.for_model(model.config)
-        self.layers = layers
         self.batch_tokens = batch_tokens
         self.buffer_tokens = buffer_tokens or 4 * batch_tokens
+        self.batch_size = batch_size
+        self._set_layers(layers, scalar_parameters, gamma)
+
+    def _set_layers(self, layers: str, scalar_parameters: Sequence[float] | None = None, gamma: float = 1.0) -> None:
+        self.layers = layers
         self.mix = None
+        num_layers = self.model.config.num_output_layers
         if layers in ("average", "mix"):
             self.mix = ElmoScalarMix(num_layers, initial_scalar_parameters=scalar_parameters, trainable=False)
             self.mix.gamma.fill_(gamma)  # trainable=False: a plain in-place update
             self.mix.to(self.device)
         # The shape of one word's output.
-        width = model.config.output_dim
+        width = self.model.config.output_dim
         self.token_shape: tuple[int, ...] = (num_layers, width) if layers == "all" else (width,)
+
+    def _variant(self, layers: str | None = None, batch_size: int | None = None) -> ElmoEmbedder:
+        """This embedder (same model) with other `layers` ("all", "top", "average") or `batch_size`."""
+        if (layers is None or layers == self.layers) and (batch_size is None or batch_size == self.batch_size):
+            return self
+        if layers is not None and layers not in ("all", "top", "average"):
+            raise ValueError(f"output_format must be all, top or average, got {layers!r}")
+        variant = copy.copy(self)
+        if layers is not None:
+            variant._set_layers(layers)
+        if batch_size is not None:
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            variant.batch_size = batch_size
+        return variant
+
+    @torch.inference_mode()
+    def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """AllenNLP's `batch_to_embeddings`: all layers `(batch, n_layers + 1, words, width)` and the word mask
+        `(batch, words)`, sentence boundaries removed, on the model's device."""
+        encoded = self.tokenizer(
+            [list(words) for words in batch], is_split_into_words=True, padding=True, return_tensors="pt"
+        )
+        mask = encoded["attention_mask"].to(self.device)
+        hidden_states = self.model(encoded["input_ids"].to(self.device), mask).hidden_states
+        without_boundaries = [remove_sentence_boundaries(layer, mask) for layer in hidden_states]
+        return torch.stack([layer for layer, _ in without_boundaries], dim=1), without_boundaries[0][1]
+
+    def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
+        """One sentence: `(layers, words, width)` with `layers="all"`, else `(words, width)`."""
+        return self.embed_batch([sentence])[0]
 
     @torch.inference_mode()
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
@@ -146,25 +218,73 @@ class ElmoEmbedder:
         # Copies, so that no sentence keeps the whole batch alive.
         return [output[..., row, 1 : len(words) + 1, :].copy() for row, words in enumerate(sentences)]
 
-    def embed_sentences(self, sentences: Iterable[Sequence[str]]) -> Iterator[np.ndarray]:
+    def embed_sentences(
+        self, sentences: Iterable[Sequence[str]], batch_size: int | None = None
+    ) -> Iterator[np.ndarray]:
         """Embed lazily, yielding one array per sentence (see `embed_batch`) in input order.
 
         The input is consumed in chunks of about `buffer_tokens` positions; each chunk is sorted by length and
-        cut into batches of at most `batch_tokens` positions, so padding is small and memory bounded.
+        cut into batches of at most `batch_tokens` positions (and `batch_size` sentences, default the embedder's),
+        so padding is small and memory bounded.
         """
+        batch_size = batch_size or self.batch_size
         for chunk in _chunks(sentences, self.buffer_tokens):
             embeddings: dict[int, np.ndarray] = {}
-            for batch in length_batches([len(words) for words in chunk], self.batch_tokens):
+            for batch in length_batches([len(words) for words in chunk], self.batch_tokens, batch_size):
                 embeddings.update(zip(batch, self.embed_batch([chunk[i] for i in batch])))
             for index in range(len(chunk)):
                 yield embeddings.pop(index)
+
+    def embed_file(
+        self,
+        input_file: str | Path | IO,
+        output_file_path: str | Path,
+        output_format: str | None = None,
+        batch_size: int | None = None,
+        forget_sentences: bool = False,
+        use_sentence_keys: bool = False,
+        tokenized: bool = True,
+        progress: bool = True,
+    ) -> int:
+        """AllenNLP's `embed_file`: every line of `input_file` (a path, `"-"` or an open file) is a sentence of
+        whitespace-separated words (`tokenized=False`: raw text, split by the model's word tokenizer), written to
+        `output_file_path` (see `embed_file` of this module) with `output_format` "all", "top" or "average"
+        (default: the embedder's `layers`). Returns the number of sentences."""
+        return embed_file(
+            self._variant(output_format, batch_size), input_file, output_file_path, tokenized=tokenized,
+            progress=progress, sentence_index=not forget_sentences, sentence_keys=use_sentence_keys,
+        )
+
+
+def _load_model(
+    model: ElmoModel | str | os.PathLike,
+    tokenizer: ElmoCharTokenizer | None,
+    options_file: str | os.PathLike | None,
+    weight_file: str | os.PathLike | None,
+) -> tuple[ElmoModel, ElmoCharTokenizer | None]:
+    """The biLM of `ElmoEmbedder`'s arguments, and the tokenizer of a loaded directory or Hub id."""
+    if options_file is not None or weight_file is not None:
+        if options_file is None or weight_file is None:
+            raise ValueError("options_file and weight_file go together (the original ELMo weights)")
+        if not (isinstance(model, str) and model == DEFAULT_MODEL_NAME):
+            raise ValueError("give either a model or options_file and weight_file, not both")
+        from .convert import load_legacy
+
+        return load_legacy(options_file, weight_file), tokenizer
+    if isinstance(model, (str, os.PathLike)):
+        location = model_location(model)
+        return ElmoModel.from_pretrained(location), tokenizer or ElmoCharTokenizer.from_pretrained(location)
+    if not isinstance(model, ElmoModel):
+        raise TypeError(f"model must be an ElmoModel, a directory or a Hub id, got {type(model).__name__}")
+    return model, tokenizer
 
 
 # -- input --------------------------------------------------------------------------------------------------
 
 
-def read_lines(stream: BinaryIO, on_bytes: Callable[[int], object] | None = None) -> Iterator[str]:
-    """Lines of a UTF-8 byte stream, split on `\\n` only (a `\\r` before it and a leading BOM are dropped).
+def read_lines(stream: BinaryIO | IO[str], on_bytes: Callable[[int], object] | None = None) -> Iterator[str]:
+    """Lines of a UTF-8 byte stream (or of a text stream), split on `\\n` only (a `\\r` before it and a leading
+    BOM are dropped).
 
     Bytes that are not valid UTF-8 never fail: they decode to lone surrogates U+DC80..U+DCFF
     (`errors="surrogateescape"`), from which `.encode("utf-8", "surrogateescape")` gives back the original bytes.
@@ -173,7 +293,8 @@ def read_lines(stream: BinaryIO, on_bytes: Callable[[int], object] | None = None
     for index, raw in enumerate(stream):
         if on_bytes is not None:
             on_bytes(len(raw))
-        line = raw.decode("utf-8", "surrogateescape").removesuffix("\n").removesuffix("\r")
+        line = (raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")).removesuffix("\n")
+        line = line.removesuffix("\r")
         yield line.removeprefix("\ufeff") if index == 0 else line
 
 
@@ -224,22 +345,31 @@ class Hdf5Writer(EmbeddingWriter):
     """AllenNLP's `elmo` command layout: one float32 dataset per sentence named by its 0-based index, and
     `sentence_to_index`, a one-element string dataset holding JSON `{stripped line: "index"}` (a repeated line maps
     to its last index). `sentence_index=False` leaves it out and keeps memory flat on huge inputs.
+
+    `sentence_keys=True` (AllenNLP's `--use-sentence-keys`): each dataset is named by its stripped line instead,
+    without `sentence_to_index`; a repeated line is written once (its vectors are the same every time). A line
+    that cannot name an HDF5 dataset (empty, `.`, or containing `/`) is an error.
     """
 
-    def __init__(self, path: str | Path, sentence_index: bool = True):
+    def __init__(self, path: str | Path, sentence_index: bool = True, sentence_keys: bool = False):
         try:
             import h5py
         except ImportError:
             raise ImportError("writing .hdf5 needs h5py: pip install 'spacy-elmo[hdf5]'") from None
         self.path = Path(path)
         self.count = 0
-        self.sentence_to_index: dict[str, str] | None = {} if sentence_index else None
+        self.sentence_keys = sentence_keys
+        self.sentence_to_index: dict[str, str] | None = {} if sentence_index and not sentence_keys else None
         self._string_dtype = h5py.string_dtype()
         self._file = h5py.File(_partial_path(self.path), "w")
 
     def add(self, embedding: np.ndarray, sentence: str) -> None:
-        key = str(self.count)
-        self._file.create_dataset(key, data=np.asarray(embedding, dtype=np.float32))
+        key = sentence.strip() if self.sentence_keys else str(self.count)
+        if self.sentence_keys and (key in ("", ".") or "/" in key):
+            raise ValueError(f"line {self.count}: {key!r} cannot name an HDF5 dataset (empty, '.' or with '/'); "
+                             "embed without sentence keys")
+        if key not in self._file:
+            self._file.create_dataset(key, data=np.asarray(embedding, dtype=np.float32))
         if self.sentence_to_index is not None:
             self.sentence_to_index[sentence.strip()] = key
         self.count += 1
@@ -326,23 +456,31 @@ class NpyWriter(EmbeddingWriter):
         self._offsets.discard()
 
 
-def open_writer(path: str | Path, token_shape: tuple[int, ...], sentence_index: bool = True) -> EmbeddingWriter:
-    """The writer for `path`'s suffix: `.hdf5`/`.h5` (`Hdf5Writer`) or `.npy` (`NpyWriter`)."""
+def open_writer(
+    path: str | Path, token_shape: tuple[int, ...], sentence_index: bool = True, sentence_keys: bool = False
+) -> EmbeddingWriter:
+    """The writer for `path`'s suffix: `.hdf5`/`.h5` (`Hdf5Writer`) or `.npy` (`NpyWriter`, no sentence keys)."""
     suffix = Path(path).suffix.lower()
     if suffix not in OUTPUT_SUFFIXES:
         raise ValueError(f"unknown output format {suffix or '(no suffix)'!r} of {path}: use .hdf5, .h5 or .npy")
-    return NpyWriter(path, token_shape) if suffix == ".npy" else Hdf5Writer(path, sentence_index)
+    if suffix == ".npy":
+        if sentence_keys:
+            raise ValueError(f"sentence keys name the datasets of an .hdf5 file; {path} is .npy")
+        return NpyWriter(path, token_shape)
+    return Hdf5Writer(path, sentence_index, sentence_keys)
 
 
 def embed_file(
     embedder: ElmoEmbedder,
-    input_file: str | Path,
+    input_file: str | Path | IO,
     output_file: str | Path,
     tokenized: bool = False,
     progress: bool = True,
     sentence_index: bool = True,
+    sentence_keys: bool = False,
 ) -> int:
-    """Embed every line of `input_file` (`"-"`: stdin) as one sentence into `output_file`; returns the line count.
+    """Embed every line of `input_file` (a path, `"-"` for stdin, or an open binary or text file) as one sentence
+    into `output_file`; returns the line count. `sentence_index`, `sentence_keys`: see `Hdf5Writer`.
 
     Line i is sentence i: an empty or whitespace-only line is a sentence without words. Lines are whitespace-
     separated words with `tokenized=True` (`str.split`), else raw text split by the embedder's tokenizer's word
@@ -350,12 +488,15 @@ def embed_file(
     only once complete (it is written to a hidden `.partial` file next to it first). The progress bar counts bytes.
     """
     with ExitStack() as stack:
-        stream = sys.stdin.buffer if str(input_file) == "-" else stack.enter_context(open(input_file, "rb"))
+        if hasattr(input_file, "read"):
+            stream = input_file
+        else:
+            stream = sys.stdin.buffer if str(input_file) == "-" else stack.enter_context(open(input_file, "rb"))
         bar = stack.enter_context(tqdm(
             total=_regular_file_size(stream), unit="B", unit_scale=True, unit_divisor=1024, desc="embedding",
             file=sys.stderr, disable=not progress,
         ))
-        writer = stack.enter_context(open_writer(output_file, embedder.token_shape, sentence_index))
+        writer = stack.enter_context(open_writer(output_file, embedder.token_shape, sentence_index, sentence_keys))
         lines: deque[str] = deque()  # read but not yet written: bounded by the embedder's buffer
 
         def sentences() -> Iterator[list[str]]:

@@ -152,6 +152,49 @@ def test_embed_matches_the_allennlp_model_called_directly(allennlp_model_dir, tm
         np.testing.assert_allclose(vectors, direct_layers(model, line.split())[-1], atol=1e-5, rtol=0)
 
 
+def test_embed_takes_allennlp_elmos_arguments(allennlp_model_dir, tmp_path):
+    """`allennlp elmo INPUT OUTPUT --top --options-file O --weight-file W ...` with `elmo embed` in front: the
+    original weights, whitespace-split lines, AllenNLP's layer flags, batch size, device and sentence keys."""
+    source = tmp_path / "in.txt"
+    source.write_text("The bank , here .\nHe sat .\n", encoding="utf-8")
+    model = ElmoModel.from_pretrained(allennlp_model_dir).eval()
+    legacy = ("--options-file", FIXTURES / "options.json", "--weight-file", FIXTURES / "lm_weights.hdf5")
+    result = run("embed", source, tmp_path / "top.hdf5", "--top", *legacy, "--batch-size", 1, "--cuda-device", -1,
+                 "--use-sentence-keys", "-q")
+    assert result.exit_code == 0, result.output
+    with h5py.File(tmp_path / "top.hdf5") as output:
+        assert sorted(output) == ["He sat .", "The bank , here ."]
+        for line in ("He sat .", "The bank , here ."):
+            np.testing.assert_allclose(output[line][()], direct_layers(model, line.split())[-1], atol=1e-5, rtol=0)
+    result = run("embed", source, tmp_path / "average.npy", "--average", *legacy, "-q")
+    assert result.exit_code == 0, result.output
+    assert [len(vectors) for vectors in read_npy_output(tmp_path / "average.npy")] == [5, 3]
+
+
+def test_embed_without_a_model_uses_the_default_one(tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("The bank raised rates.\n", encoding="utf-8")
+    result = run("embed", source, tmp_path / "out.npy", "-q")
+    assert result.exit_code == 0, result.output
+    assert np.load(tmp_path / "out.npy").shape == (5, 3, 512)  # spaCy's English words: The bank raised rates .
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--all", "--top"), "choose one of them"),
+        (("--layers", "top", "--average"), "choose one of them"),
+        (("--options-file", "x.json"), "give both"),
+        (("--device", "cpu", "--cuda-device", "-1"), "choose one of them"),
+        (("--use-sentence-keys",), "names the datasets of an .hdf5 file"),
+    ],
+)
+def test_embed_rejects_conflicting_allennlp_flags(tmp_path, args, message):
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    assert_clean_failure(run("embed", source, tmp_path / "out.npy", *args), message, exit_code=2)
+
+
 def test_embed_mix_applies_softmaxed_weights_and_gamma(tiny_model, tiny_model_dir, tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("One sentence here.\n\nAnd don't forget U.S. 1,000.5!\n", encoding="utf-8")

@@ -280,3 +280,83 @@ def test_embedding_on_cuda_matches_cpu(tiny_model_dir):
     for on_cpu, on_cuda in zip(cpu.embed_sentences(EDGE_SENTENCES), cuda.embed_sentences(EDGE_SENTENCES), strict=True):
         # cuDNN may run the char CNN convolutions in TF32.
         np.testing.assert_allclose(on_cuda, on_cpu, atol=2e-3, rtol=0)
+
+
+# -- AllenNLP's ElmoEmbedder calls ---------------------------------------------------------------------------
+
+
+def test_embedder_loads_by_name_like_allennlps_default(tiny_model_dir, tiny_model):
+    from hf_elmo import DEFAULT_MODEL
+
+    default = ElmoEmbedder()  # the English model shipped with the package
+    assert default.model.name_or_path == DEFAULT_MODEL and default.tokenizer.word_tokenizer == "spacy:en"
+    assert default.embed_sentence(["The", "bank", "."]).shape == (3, 3, 512)
+    by_path = ElmoEmbedder(str(tiny_model_dir))
+    np.testing.assert_allclose(by_path.embed_sentence(["a", "b"]), direct_layers(tiny_model, ["a", "b"]), atol=1e-5)
+    with pytest.raises(TypeError, match="must be an ElmoModel, a directory or a Hub id"):
+        ElmoEmbedder(42)
+
+
+def test_embedder_takes_the_original_weights_as_allennlp_does(allennlp_model_dir):
+    options, weights = FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5"
+    converted = ElmoModel.from_pretrained(allennlp_model_dir).eval()
+    words = ["The", "bank", "of", "the", "river", "."]
+    for embedder in (ElmoEmbedder(str(options), str(weights)), ElmoEmbedder(options_file=options, weight_file=weights,
+                                                                              cuda_device=-1)):
+        assert embedder.device == torch.device("cpu")
+        np.testing.assert_allclose(embedder.embed_sentence(words), direct_layers(converted, words), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="options_file and weight_file go together"):
+        ElmoEmbedder(options_file=options)
+    with pytest.raises(ValueError, match="either a model or options_file and weight_file"):
+        ElmoEmbedder(converted, options_file=options, weight_file=weights)
+    with pytest.raises(ValueError, match="device or cuda_device"):
+        ElmoEmbedder(converted, device="cpu", cuda_device=-1)
+
+
+def test_batch_to_embeddings_gives_allennlps_padded_tensors_and_mask(tiny_model):
+    embedder = ElmoEmbedder(tiny_model)
+    batch = [["a", "b", "c"], [], ["d"]]
+    activations, mask = embedder.batch_to_embeddings(batch)
+    assert activations.shape == (3, 3, 3, 16) and mask.tolist() == [[1, 1, 1], [0, 0, 0], [1, 0, 0]]
+    for row, (words, embedding) in enumerate(zip(batch, embedder.embed_batch(batch))):
+        assert embedding.shape == (3, len(words), 16)
+        np.testing.assert_allclose(activations[row, :, : len(words)].numpy(), embedding, atol=1e-6)
+        assert not activations[row, :, len(words):].any()
+
+
+def test_batch_size_caps_the_sentences_per_batch_without_changing_vectors(tiny_model):
+    batches = length_batches([3, 3, 3, 3, 3], batch_tokens=1000, batch_size=2)
+    assert [len(batch) for batch in batches] == [2, 2, 1]
+    embedder = ElmoEmbedder(tiny_model)
+    calls = []
+    embed_batch = embedder.embed_batch
+    embedder.embed_batch = lambda sentences: calls.append(len(sentences)) or embed_batch(sentences)
+    capped = list(embedder.embed_sentences(EDGE_SENTENCES, batch_size=3))
+    assert max(calls) <= 3 and sum(calls) == len(EDGE_SENTENCES)
+    for words, embedding in zip(EDGE_SENTENCES, capped):
+        np.testing.assert_allclose(embedding, direct_layers(tiny_model, words), atol=1e-5, rtol=0)
+
+
+def test_embed_file_method_with_allennlps_arguments(tiny_model, tmp_path):
+    embedder = ElmoEmbedder(tiny_model)
+    lines = "the cat sat\na dog\nthe cat sat\n"
+    count = embedder.embed_file(io.StringIO(lines), tmp_path / "keys.hdf5", output_format="average", batch_size=1,
+                                use_sentence_keys=True, progress=False)
+    assert count == 3
+    with h5py.File(tmp_path / "keys.hdf5") as output:
+        assert sorted(output) == ["a dog", "the cat sat"]  # a repeated line once; no sentence_to_index
+        np.testing.assert_allclose(output["a dog"][()], direct_layers(tiny_model, ["a", "dog"]).mean(0), atol=1e-6)
+    assert embedder.layers == "all"  # the call's output_format left the embedder as it was
+    source = write_lines(tmp_path / "in.txt", lines.encode())
+    with open(source) as handle:
+        embedder.embed_file(handle, tmp_path / "top.hdf5", output_format="top", forget_sentences=True, progress=False)
+    with h5py.File(tmp_path / "top.hdf5") as output:
+        assert sorted(output) == ["0", "1", "2"]
+        np.testing.assert_allclose(output["1"][()], direct_layers(tiny_model, ["a", "dog"])[-1], atol=1e-6)
+    with pytest.raises(ValueError, match="cannot name an HDF5 dataset"):
+        embedder.embed_file(io.StringIO("and/or\n"), tmp_path / "bad.hdf5", use_sentence_keys=True, progress=False)
+    assert not (tmp_path / "bad.hdf5").exists()
+    with pytest.raises(ValueError, match="output_format must be all, top or average"):
+        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", output_format="mix", progress=False)
+    with pytest.raises(ValueError, match="sentence keys name the datasets of an .hdf5 file"):
+        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.npy", use_sentence_keys=True, progress=False)
