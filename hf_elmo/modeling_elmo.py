@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -530,6 +531,16 @@ class ElmoPreTrainedModel(PreTrainedModel):
                 bound = math.sqrt(6.0 / (cell + hidden))
                 init.uniform_(module.projection_weight, -bound, bound)
 
+    def resize_token_embeddings(self, *args, **kwargs) -> NoReturn:
+        """ELMo has no token vocabulary to resize: its input is characters (UTF-8 bytes, a fixed table of
+        `n_characters` rows), so every word, new or not, already has a representation."""
+        raise NotImplementedError(
+            "ELMo reads characters (a fixed table of the 256 byte values and markers, config.n_characters = "
+            f"{self.config.n_characters}), not a token vocabulary: new words need no new rows, and there is nothing "
+            "to resize. To train the word softmax of ElmoForBidirectionalLM on another vocabulary, run elmo pretrain "
+            "--init_model with a new --vocab_file."
+        )
+
     def push_to_hub(self, repo_id: str, **kwargs) -> str:
         """`PreTrainedModel.push_to_hub`; with the `hf_elmo` package installed, the repo then gets the ELMo model
         card (`hf_elmo.hub`) in place of the template card transformers writes into a repo without one."""
@@ -629,6 +640,7 @@ class ElmoModel(ElmoPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         initial_state: ElmoState | None = None,
         return_state: bool = False,
+        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> ElmoModelOutput:
         """
@@ -640,6 +652,9 @@ class ElmoModel(ElmoPreTrainedModel):
             initial_state (`ElmoState`, optional): state to start each row from instead of zeros, e.g. the
                 `final_state` of the previous call (the original stateful biLM).
             return_state (`bool`): also return `final_state`.
+            output_hidden_states (`bool`, optional): return `hidden_states`, the ELMo layers. Unlike most models
+                (and whatever `config.output_hidden_states` says) they are returned unless this is `False`: they
+                are what ELMo is used for.
         """
         mask = self._validate(input_ids, attention_mask, initial_state)
         token_repr = self.char_cnn(input_ids, mask)
@@ -647,7 +662,7 @@ class ElmoModel(ElmoPreTrainedModel):
         hidden_states = (torch.cat([token_repr, token_repr], dim=-1), *layers)
         return ElmoModelOutput(
             last_hidden_state=hidden_states[-1],
-            hidden_states=hidden_states,
+            hidden_states=None if output_hidden_states is False else hidden_states,
             final_state=final_state if return_state else None,
         )
 
@@ -682,9 +697,12 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
         labels: torch.Tensor | None = None,
         initial_state: ElmoState | None = None,
         return_state: bool = False,
+        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> ElmoBidirectionalLMOutput:
-        outputs = self.elmo(input_ids, attention_mask, initial_state=initial_state, return_state=return_state)
+        """`labels` as in the class docstring; the other arguments as in `ElmoModel.forward`."""
+        outputs = self.elmo(input_ids, attention_mask, initial_state=initial_state, return_state=return_state,
+                            output_hidden_states=output_hidden_states)
         top_forward, top_backward = self.dropout(outputs.last_hidden_state).chunk(2, dim=-1)
         forward_logits = self.softmax(top_forward)
         backward_logits = self.softmax(top_backward)

@@ -56,6 +56,32 @@ def test_output_shapes(model, tokenizer):
     torch.testing.assert_close(output.hidden_states[0][..., :8], output.hidden_states[0][..., 8:])
 
 
+def test_output_hidden_states_false_is_honoured(model, tokenizer):
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        full = model(**encoded)
+        top_only = model(**encoded, output_hidden_states=False)
+        as_tuple = model(**encoded, output_hidden_states=False, return_dict=False)
+    assert len(full.hidden_states) == 3 and model(**encoded, output_hidden_states=True).hidden_states is not None
+    assert top_only.hidden_states is None and torch.equal(top_only.last_hidden_state, full.last_hidden_state)
+    assert len(as_tuple) == 1 and torch.equal(as_tuple[0], full.last_hidden_state)
+    lm = ElmoForBidirectionalLM(ElmoConfig(**{**tiny_config().to_dict(), "vocab_size": 7})).eval()
+    with torch.no_grad():
+        assert lm(**encoded, output_hidden_states=False).hidden_states is None
+        assert len(lm(**encoded).hidden_states) == 3
+
+
+@pytest.mark.parametrize("make", [lambda: ElmoModel(tiny_config()),
+                                  lambda: ElmoForBidirectionalLM(ElmoConfig(**{**tiny_config().to_dict(),
+                                                                                "vocab_size": 7}))])
+def test_resize_token_embeddings_explains_that_elmo_reads_characters(make):
+    model = make()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(NotImplementedError, match="ELMo reads characters"):
+        model.resize_token_embeddings(100)
+    assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
+
+
 @pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]])
 def test_sentence_vectors_do_not_depend_on_the_batch(model, tokenizer, order):
     _, batch_output = run(model, tokenizer, [SENTENCES[i] for i in order])
