@@ -211,6 +211,7 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         padding_side: str | None = None,
         return_tensors: str | TensorType | None = None,
         return_attention_mask: bool | None = None,
+        return_token_type_ids: bool | None = None,
         return_overflowing_tokens: bool = False,
         return_special_tokens_mask: bool = False,
         return_offsets_mapping: bool = False,
@@ -230,21 +231,27 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
             budget = max_length - (2 if add_special_tokens else 0)
             if budget < 0:
                 raise ValueError(f"max_length={max_length} leaves no room for the <S> and </S> rows")
-            sentences = [words[:budget] for words in sentences]
+            if self.truncation_side == "left":  # keep the last words
+                sentences = [words[len(words) - budget :] if len(words) > budget else words for words in sentences]
+            else:
+                sentences = [words[:budget] for words in sentences]
 
         features: dict[str, list] = {"input_ids": [], "attention_mask": []}
         if return_special_tokens_mask:
             features["special_tokens_mask"] = []
         for words in sentences:
-            rows = [self.word_to_char_ids(w) for w in words]
+            rows = [list(self.word_to_char_ids(w)) for w in words]
             special = [0] * len(rows)
             if add_special_tokens:
-                rows = [self.word_to_char_ids(str(self.bos_token)), *rows, self.word_to_char_ids(str(self.eos_token))]
+                rows = [list(self.word_to_char_ids(str(self.bos_token))), *rows,
+                        list(self.word_to_char_ids(str(self.eos_token)))]
                 special = [1, *special, 1]
             features["input_ids"].append(rows)
             features["attention_mask"].append([1] * len(rows))
             if return_special_tokens_mask:
                 features["special_tokens_mask"].append(special)
+        if return_token_type_ids:  # one segment: all zeros, as tokenizers of single-sentence models give
+            features["token_type_ids"] = [[0] * len(rows) for rows in features["input_ids"]]
         if return_length:
             features["length"] = [len(rows) for rows in features["input_ids"]]
         if not batched and padding_strategy == PaddingStrategy.DO_NOT_PAD:
@@ -291,6 +298,12 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         if "input_ids" not in batch:
             raise ValueError(f"pad needs 'input_ids' in the inputs, got keys {sorted(batch)}")
         ids = batch["input_ids"]
+        chars = self.max_characters_per_token
+        if _is_token_ids(ids):
+            raise ValueError(
+                f"pad: input_ids must be character ids, (words, {chars}) per sentence as ElmoCharTokenizer makes "
+                "them, not a flat list of token ids"
+            )
         if _is_single_sentence(ids):
             return self.pad(
                 {key: [value] for key, value in batch.items()}, padding, max_length, pad_to_multiple_of,
@@ -319,7 +332,11 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
                 array = np.zeros((len(ids), target, self.max_characters_per_token), dtype=np.int64)
                 for row, rows in enumerate(ids):
                     if len(rows):
-                        array[row, : len(rows)] = np.asarray(rows, dtype=np.int64)
+                        rows = np.asarray(rows.tolist() if _is_tensor(rows) else rows, dtype=np.int64)
+                        if rows.ndim != 2 or rows.shape[1] != chars:
+                            raise ValueError(f"pad: sentence {row} has input_ids of shape {rows.shape}; expected "
+                                             f"(words, {chars}) character ids")
+                        array[row, : len(rows)] = rows
                 padded[key] = array
             elif values and (isinstance(values[0], (list, tuple, np.ndarray)) or _is_tensor(values[0])):
                 fill = {"labels": -100, "special_tokens_mask": 1}.get(key, 0)
@@ -371,6 +388,13 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
     def batch_decode(self, sequences: Any, skip_special_tokens: bool = False, **kwargs) -> list[str]:
         decoded = self.decode(sequences, skip_special_tokens)
         return [decoded] if isinstance(decoded, str) else decoded
+
+
+def _is_token_ids(ids: Any) -> bool:
+    """True for a flat sequence of ints (token ids of a word-piece tokenizer), which this tokenizer never makes."""
+    if _is_tensor(ids) or isinstance(ids, np.ndarray):
+        return np.ndim(ids) == 1
+    return len(ids) > 0 and isinstance(ids[0], (int, np.integer))
 
 
 def _is_single_sentence(ids: Any) -> bool:

@@ -196,3 +196,39 @@ def test_raw_text_is_split_by_the_word_tokenizer_the_model_was_trained_with(tmp_
     assert ElmoCharTokenizer.for_model(config).word_tokenizer == "whitespace"
     with pytest.raises(ValueError, match="unknown word tokenizer 'moses'"):
         ElmoCharTokenizer(word_tokenizer="moses")
+
+
+def test_truncation_side_left_keeps_the_last_words():
+    words = ["a", "b", "c", "d", "e"]
+    right = ElmoCharTokenizer()
+    left = ElmoCharTokenizer(truncation_side="left")
+    for tokenizer, kept in ((right, ["a", "b", "c"]), (left, ["c", "d", "e"])):
+        encoded = tokenizer([words, ["x"]], is_split_into_words=True, truncation=True, max_length=5)
+        assert tokenizer.decode(encoded["input_ids"][0]) == " ".join(["<S>", *kept, "</S>"])
+        assert tokenizer.decode(encoded["input_ids"][1]) == "<S> x </S>"
+
+
+def test_rows_are_lists_with_and_without_padding():
+    tokenizer = ElmoCharTokenizer()
+    for encoded in (tokenizer("a b"), tokenizer(["a b", "c"]), tokenizer(["a b", "c"], padding=True)):
+        sentences = encoded["input_ids"] if isinstance(encoded["input_ids"][0][0], list) else [encoded["input_ids"]]
+        assert all(type(row) is list and type(row[0]) is int for rows in sentences for row in rows)
+
+
+def test_return_token_type_ids_gives_zeros_per_position():
+    tokenizer = ElmoCharTokenizer()
+    encoded = tokenizer(["a b", "c"], padding=True, return_token_type_ids=True, return_tensors="pt")
+    assert encoded["token_type_ids"].shape == encoded["attention_mask"].shape == (2, 4)
+    assert not encoded["token_type_ids"].any()
+    assert tokenizer("a", return_token_type_ids=True)["token_type_ids"] == [0, 0, 0]
+    assert "token_type_ids" not in tokenizer("a")
+
+
+@pytest.mark.parametrize(
+    ("input_ids", "message"),
+    [([1, 2, 3], "not a flat list of token ids"), (torch.tensor([1, 2]), "not a flat list of token ids"),
+     ([[[1, 2, 3]]], r"sentence 0 has input_ids of shape \(1, 3\)")],
+)
+def test_pad_rejects_ids_that_are_not_character_ids(input_ids, message):
+    with pytest.raises(ValueError, match=message):
+        ElmoCharTokenizer().pad({"input_ids": input_ids})
