@@ -2,12 +2,21 @@
 
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForPreTraining,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
 
 from .configuration_elmo import PRESETS, ElmoConfig
 from .modeling_elmo import (
     ElmoBidirectionalLMOutput,
     ElmoForBidirectionalLM,
+    ElmoForSequenceClassification,
+    ElmoForTokenClassification,
     ElmoModel,
     ElmoModelOutput,
     ElmoPreTrainedModel,
@@ -22,6 +31,8 @@ from .tokenization_elmo import ElmoCharTokenizer, split_words
 AutoConfig.register(ElmoConfig.model_type, ElmoConfig, exist_ok=True)
 AutoModel.register(ElmoConfig, ElmoModel, exist_ok=True)
 AutoModelForPreTraining.register(ElmoConfig, ElmoForBidirectionalLM, exist_ok=True)
+AutoModelForTokenClassification.register(ElmoConfig, ElmoForTokenClassification, exist_ok=True)
+AutoModelForSequenceClassification.register(ElmoConfig, ElmoForSequenceClassification, exist_ok=True)
 AutoTokenizer.register(ElmoConfig, tokenizer_class=ElmoCharTokenizer, exist_ok=True)
 
 __version__ = "0.1.0"
@@ -45,6 +56,8 @@ __all__ = [
     "ElmoCharTokenizer",
     "ElmoConfig",
     "ElmoForBidirectionalLM",
+    "ElmoForSequenceClassification",
+    "ElmoForTokenClassification",
     "ElmoModel",
     "ElmoModelOutput",
     "ElmoPreTrainedModel",

@@ -20,6 +20,8 @@ AUTO_MAP = {
     "AutoConfig": "configuration_elmo.ElmoConfig",
     "AutoModel": "modeling_elmo.ElmoModel",
     "AutoModelForPreTraining": "modeling_elmo.ElmoForBidirectionalLM",
+    "AutoModelForTokenClassification": "modeling_elmo.ElmoForTokenClassification",
+    "AutoModelForSequenceClassification": "modeling_elmo.ElmoForSequenceClassification",
 }
 
 
@@ -47,6 +49,12 @@ class ElmoConfig(PreTrainedConfig):
         vocab_size (`int` or `None`): size of the word softmax of `ElmoForBidirectionalLM`; `None` for an
             encoder-only model (e.g. converted original weights, which ship no softmax).
         initializer_range (`float`, 0.02): unused by ELMo's own init (see `_init_weights`), kept for HF tools.
+        freeze_elmo (`bool`, `True`): the task models (`ElmoForTokenClassification`,
+            `ElmoForSequenceClassification`) keep the biLM fixed, as the paper does, and learn the rest.
+        task_hidden_size (`int`, 128): hidden size per direction of the task models' biLSTM encoder.
+        classifier_dropout (`float`, 0.5): dropout on the ELMo mix and on the task encoder's output, in training.
+        scalar_mix_l2 (`float`, 0.001): the paper's regulariser `lambda * ||s||^2` on the task models' layer
+            scores, added to their loss.
 
     A model trained with `elmo pretrain` also records `word_tokenizer` (how raw text was split into words for
     training: `spacy:en`, `elmo` or `whitespace`; apply the same at inference) and `word_vocab_file` (the file
@@ -72,13 +80,17 @@ class ElmoConfig(PreTrainedConfig):
         dropout: float = 0.1,
         vocab_size: int | None = None,
         initializer_range: float = 0.02,
+        freeze_elmo: bool = True,
+        task_hidden_size: int = 128,
+        classifier_dropout: float = 0.5,
+        scalar_mix_l2: float = 0.001,
         **kwargs,
     ):
         filters = filters if filters is not None else PUBLISHED_FILTERS
         for name, value, minimum in (
             ("char_embedding_dim", char_embedding_dim, 1), ("n_highway", n_highway, 0),
             ("max_characters_per_token", max_characters_per_token, 3), ("lstm_dim", lstm_dim, 1),
-            ("projection_dim", projection_dim, 1), ("n_layers", n_layers, 1),
+            ("projection_dim", projection_dim, 1), ("n_layers", n_layers, 1), ("task_hidden_size", task_hidden_size, 1),
         ):
             _check_integer(name, value, minimum)
         if vocab_size is not None:
@@ -106,8 +118,13 @@ class ElmoConfig(PreTrainedConfig):
                 raise ValueError(f"ElmoConfig.{name} must be a number >= 0 (0 or null: no clipping), got {value!r}")
         if not isinstance(use_skip_connections, bool):
             raise ValueError(f"ElmoConfig.use_skip_connections must be true or false, got {use_skip_connections!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"ElmoConfig.dropout must be a number in [0, 1), got {dropout!r}")
+        for name, value in (("dropout", dropout), ("classifier_dropout", classifier_dropout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"ElmoConfig.{name} must be a number in [0, 1), got {value!r}")
+        if not isinstance(freeze_elmo, bool):
+            raise ValueError(f"ElmoConfig.freeze_elmo must be true or false, got {freeze_elmo!r}")
+        if isinstance(scalar_mix_l2, bool) or not isinstance(scalar_mix_l2, (int, float)) or scalar_mix_l2 < 0:
+            raise ValueError(f"ElmoConfig.scalar_mix_l2 must be a number >= 0, got {scalar_mix_l2!r}")
         self.char_embedding_dim = char_embedding_dim
         self.filters = filters
         self.activation = activation
@@ -124,6 +141,10 @@ class ElmoConfig(PreTrainedConfig):
         self.dropout = dropout
         self.vocab_size = vocab_size
         self.initializer_range = initializer_range
+        self.freeze_elmo = freeze_elmo
+        self.task_hidden_size = task_hidden_size
+        self.classifier_dropout = classifier_dropout
+        self.scalar_mix_l2 = scalar_mix_l2
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
         super().__init__(**kwargs)
 

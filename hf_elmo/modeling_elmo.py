@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassifierOutput
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_elmo import ElmoConfig
@@ -521,6 +522,13 @@ class ElmoPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.Linear):  # the char CNN's projection to the LSTM input width
             init.normal_(module.weight, std=math.sqrt(1.0 / module.in_features))
             init.zeros_(module.bias)
+        elif isinstance(module, ElmoScalarMix):  # a task model's mix: the average of the layers
+            init.zeros_(module.scalar_parameters)
+            init.ones_(module.gamma)
+        elif isinstance(module, nn.LSTM):  # a task model's encoder: PyTorch's own initialisation
+            bound = 1.0 / math.sqrt(module.hidden_size)
+            for parameter in module.parameters():
+                init.uniform_(parameter, -bound, bound)
         elif isinstance(module, ElmoLstmLayer):
             cell, hidden = config.lstm_dim, config.projection_dim
             bound = math.sqrt(6.0 / (module.input_weight.shape[-1] + hidden + 4 * cell))  # glorot on [x; h]
@@ -879,12 +887,134 @@ class ElmoWithScalarMixes(nn.Module):
         return ElmoRepresentations(representations=representations, mask=mask, hidden_states=layers)
 
 
+class _ElmoTaskModel(ElmoPreTrainedModel):
+    """The paper's way into a task model: the biLM (frozen unless `config.freeze_elmo` is False), a learned scalar
+    mix of its layers with dropout, and a biLSTM task encoder (`config.task_hidden_size` per direction)."""
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.elmo = ElmoModel(config)
+        self.scalar_mix = ElmoScalarMix(config.num_output_layers)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.encoder = nn.LSTM(config.output_dim, config.task_hidden_size, batch_first=True, bidirectional=True)
+        self.elmo.requires_grad_(not config.freeze_elmo)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs) -> _ElmoTaskModel:
+        """`PreTrainedModel.from_pretrained`; the loaded biLM is frozen again (loading makes new parameters)."""
+        model = super().from_pretrained(*args, **kwargs)
+        model.elmo.requires_grad_(not model.config.freeze_elmo)
+        return model
+
+    def train(self, mode: bool = True) -> _ElmoTaskModel:
+        super().train(mode)
+        if self.config.freeze_elmo:  # a fixed biLM gives the same vectors in training as at inference
+            self.elmo.eval()
+        return self
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """(batch, positions, chars) → the task encoder's states (batch, positions, 2 * task_hidden_size), the
+        mask (batch, positions) and the biLM layers."""
+        with torch.set_grad_enabled(not self.config.freeze_elmo and torch.is_grad_enabled()):
+            layers = self.elmo(input_ids, attention_mask).hidden_states
+        mask = attention_mask.bool() if attention_mask is not None else (input_ids > 0).any(dim=-1)
+        mixed = self.dropout(self.scalar_mix(layers, mask))
+        lengths = mask.sum(dim=1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(mixed, lengths, batch_first=True, enforce_sorted=False)
+        states, _ = self.encoder(packed)
+        states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=mixed.shape[1])
+        return self.dropout(states), mask, layers
+
+    def regularisation(self) -> torch.Tensor:
+        """The paper's `lambda * ||s||^2` on the layer scores."""
+        return self.config.scalar_mix_l2 * self.scalar_mix.l2_penalty()
+
+
+class ElmoForTokenClassification(_ElmoTaskModel):
+    """A tagger (NER, POS, chunking): `_ElmoTaskModel` and a linear layer per position.
+
+    `labels` (batch, positions) are aligned with the rows of `input_ids`: -100 for `<S>`, `</S>` and padding
+    (`tokenizer(...).word_ids(i)` gives the word of every position). The loss is the mean cross-entropy of the
+    labelled positions plus the mix regulariser.
+    """
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        self.classifier = nn.Linear(2 * config.task_hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        states, _, layers = self.encode(input_ids, attention_mask)
+        logits = self.classifier(states)  # (batch, positions, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
+            loss = loss + self.regularisation()
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None)
+
+
+class ElmoForSequenceClassification(_ElmoTaskModel):
+    """A sentence classifier: `_ElmoTaskModel`, max- and mean-pooling of the task encoder over the real positions,
+    and a linear layer. `labels` (batch,) as in transformers: class ids (cross-entropy), floats with
+    `num_labels == 1` (regression) or multi-hot rows (`problem_type="multi_label_classification"`)."""
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        self.classifier = nn.Linear(4 * config.task_hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        states, mask, layers = self.encode(input_ids, attention_mask)
+        real = mask[..., None]
+        maximum = states.masked_fill(~real, torch.finfo(states.dtype).min).amax(dim=1)
+        mean = (states * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)
+        logits = self.classifier(torch.cat([maximum, mean], dim=-1))  # (batch, num_labels)
+        loss = None
+        if labels is not None:
+            problem = self.config.problem_type or (
+                "regression" if self.num_labels == 1
+                else "single_label_classification" if labels.dtype in (torch.long, torch.int) else
+                "multi_label_classification"
+            )
+            if problem == "regression":
+                loss = F.mse_loss(logits.squeeze(-1), labels.float().reshape(-1))
+            elif problem == "single_label_classification":
+                loss = F.cross_entropy(logits, labels.reshape(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels.float())
+            loss = loss + self.regularisation()
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None
+        )
+
+
 ElmoModel.register_for_auto_class("AutoModel")
 ElmoForBidirectionalLM.register_for_auto_class("AutoModelForPreTraining")
+ElmoForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
+ElmoForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 
 __all__ = [
     "ElmoBidirectionalLMOutput",
     "ElmoForBidirectionalLM",
+    "ElmoForSequenceClassification",
+    "ElmoForTokenClassification",
     "ElmoModel",
     "ElmoModelOutput",
     "ElmoPreTrainedModel",

@@ -220,25 +220,34 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
     ) -> BatchEncoding:
         if text_pair is not None:
             raise ValueError("ElmoCharTokenizer encodes single sentences; text pairs are not supported")
-        if return_overflowing_tokens or return_offsets_mapping:
-            raise ValueError("ElmoCharTokenizer does not return overflowing tokens or offset mappings")
+        if return_overflowing_tokens:
+            raise ValueError("ElmoCharTokenizer does not return overflowing tokens")
         batched = isinstance(text, (list, tuple)) and (
             not is_split_into_words or (len(text) > 0 and isinstance(text[0], (list, tuple)))
         )
-        sentences = [self._sentence_words(t, is_split_into_words) for t in (text if batched else [text])]
+        texts = text if batched else [text]
+        sentences = [self._sentence_words(t, is_split_into_words) for t in texts]
+        # Character spans of the words: in the raw text, or within each given word (as fast tokenizers do).
+        spans = [[(0, len(w)) for w in words] if is_split_into_words else _word_spans(t, words)
+                 for t, words in zip(texts, sentences)] if return_offsets_mapping else None
         truncate = truncation_strategy is not None and str(getattr(truncation_strategy, "value", truncation_strategy))
         if truncate not in (None, False, "do_not_truncate") and max_length is not None:
             budget = max_length - (2 if add_special_tokens else 0)
             if budget < 0:
                 raise ValueError(f"max_length={max_length} leaves no room for the <S> and </S> rows")
-            if self.truncation_side == "left":  # keep the last words
-                sentences = [words[len(words) - budget :] if len(words) > budget else words for words in sentences]
-            else:
-                sentences = [words[:budget] for words in sentences]
+            kept = [range(max(len(words) - budget, 0), len(words)) if self.truncation_side == "left"  # the last words
+                    else range(min(budget, len(words))) for words in sentences]
+            sentences = [[words[i] for i in keep] for words, keep in zip(sentences, kept)]
+            spans = [[sentence_spans[i] for i in keep] for sentence_spans, keep in zip(spans, kept)] if spans else None
+        else:
+            kept = [range(len(words)) for words in sentences]
 
         features: dict[str, list] = {"input_ids": [], "attention_mask": []}
         if return_special_tokens_mask:
             features["special_tokens_mask"] = []
+        word_ids = [[None, *keep, None] if add_special_tokens else list(keep) for keep in kept]
+        if spans is not None:
+            features["offset_mapping"] = [[(0, 0), *s, (0, 0)] if add_special_tokens else s for s in spans]
         for words in sentences:
             rows = [list(self.word_to_char_ids(w)) for w in words]
             special = [0] * len(rows)
@@ -258,7 +267,9 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
             single = {key: value[0] for key, value in features.items()}
             if return_attention_mask is False:
                 single.pop("attention_mask")
-            return BatchEncoding(single, tensor_type=return_tensors, prepend_batch_axis=return_tensors is not None)
+            return ElmoBatchEncoding(single, word_ids, tensor_type=return_tensors,
+                                     prepend_batch_axis=return_tensors is not None)
+        offsets = features.pop("offset_mapping", None)
         encoded = self.pad(
             features,
             padding=padding_strategy,
@@ -268,9 +279,15 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
             return_attention_mask=return_attention_mask,
             return_tensors=None if not batched else return_tensors,
         )
+        if offsets is not None:  # (0, 0) for padded positions, as fast tokenizers give
+            encoded["offset_mapping"] = [[*o, *[(0, 0)] * (len(rows) - len(o))]
+                                         for o, rows in zip(offsets, encoded["input_ids"])]
+            encoded.convert_to_tensors(return_tensors if batched else None)
+        word_ids = [w + [None] * (len(rows) - len(w)) for w, rows in zip(word_ids, encoded["input_ids"])]
         if batched:
-            return encoded
-        return BatchEncoding({k: v[0] for k, v in encoded.items()}, tensor_type=return_tensors, prepend_batch_axis=True)
+            return ElmoBatchEncoding(dict(encoded), word_ids, tensor_type=return_tensors)
+        return ElmoBatchEncoding({k: v[0] for k, v in encoded.items()}, word_ids, tensor_type=return_tensors,
+                                 prepend_batch_axis=True)
 
     def pad(
         self,
@@ -388,6 +405,32 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
     def batch_decode(self, sequences: Any, skip_special_tokens: bool = False, **kwargs) -> list[str]:
         decoded = self.decode(sequences, skip_special_tokens)
         return [decoded] if isinstance(decoded, str) else decoded
+
+
+class ElmoBatchEncoding(BatchEncoding):
+    """A `BatchEncoding` that knows the word of every position (`word_ids`), as fast tokenizers' encodings do."""
+
+    def __init__(self, data: dict, word_ids: list[list[int | None]], **kwargs):
+        super().__init__(data, **kwargs)
+        self._word_ids = word_ids
+
+    def word_ids(self, batch_index: int = 0) -> list[int | None]:
+        """Per position of sentence `batch_index`: the index of its word in the input, None for `<S>`, `</S>` and
+        padding."""
+        return list(self._word_ids[batch_index])
+
+
+def _word_spans(text: str, words: Sequence[str]) -> list[tuple[int, int]]:
+    """(start, end) of each word in `text`, searched left to right (every word tokenizer here keeps the words as
+    they appear in the text)."""
+    spans, position = [], 0
+    for word in words:
+        start = text.find(word, position)
+        if start < 0:
+            raise ValueError(f"word {word!r} is not a substring of the text: no offsets")
+        spans.append((start, start + len(word)))
+        position = start + len(word)
+    return spans
 
 
 def _is_token_ids(ids: Any) -> bool:
