@@ -14,6 +14,7 @@ from typing import Annotated, NoReturn
 
 import torch
 import typer
+from safetensors import SafetensorError
 from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
@@ -30,6 +31,10 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+
+# What loading a model directory raises for a bad one: missing/unreadable files, invalid config values, weights
+# that do not fit config.json (transformers' RuntimeError after its load report), corrupt safetensors.
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, SafetensorError)
 
 MODEL_HELP = "A save_pretrained directory, a Hub model id, or `default` (the English model shipped with the package)."
 
@@ -91,7 +96,7 @@ def _load_model(name: str, config: ElmoConfig) -> ElmoModel | ElmoForBidirection
     model_class = ElmoForBidirectionalLM if config.vocab_size else ElmoModel
     try:
         return model_class.from_pretrained(_model_location(name), config=config)
-    except (OSError, ValueError) as error:
+    except LOAD_ERRORS as error:
         _fail(f"cannot load the model from {name}: {error}")
 
 
@@ -126,7 +131,7 @@ def convert(
     (config, model.safetensors, tokenizer, model card). Prints the directory."""
     try:
         output = legacy.convert(options_json, weights_hdf5, out_dir, progress=True)
-    except (legacy.LegacyWeightsError, OSError) as error:
+    except (legacy.LegacyWeightsError, OSError, ValueError) as error:
         _fail(str(error))
     typer.echo(output)
 
@@ -355,7 +360,7 @@ def embed(
             options_file=options_file,
             weight_file=weight_file,
         )
-    except (legacy.LegacyWeightsError, OSError, ValueError) as error:
+    except (legacy.LegacyWeightsError, *LOAD_ERRORS) as error:
         _fail(f"cannot load the model: {error}")
     try:
         count = embed_file(

@@ -152,6 +152,37 @@ def test_embed_matches_the_allennlp_model_called_directly(allennlp_model_dir, tm
         np.testing.assert_allclose(vectors, direct_layers(model, line.split())[-1], atol=1e-5, rtol=0)
 
 
+def damaged_copy(model_dir: Path, target: Path, damage: str) -> Path:
+    """A copy of `model_dir` with corrupt safetensors or a config.json whose sizes the weights do not fit."""
+    import shutil
+
+    shutil.copytree(model_dir, target)
+    if damage == "corrupt":
+        (target / "model.safetensors").write_bytes(b"not a safetensors file")
+    else:
+        config = json.loads((target / "config.json").read_text())
+        (target / "config.json").write_text(json.dumps({**config, "lstm_dim": config["lstm_dim"] * 2}))
+    return target
+
+
+@pytest.mark.parametrize(("damage", "message"), [("corrupt", "Error while deserializing header"), ("shapes", "ignore_mismatched")])
+def test_info_and_embed_report_damaged_weights_in_one_line(tiny_model_dir, tmp_path, damage, message):
+    model = damaged_copy(tiny_model_dir, tmp_path / "model", damage)
+    (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
+    assert_clean_failure(run("info", model), f"cannot load the model from {model}: ", exit_code=1)
+    result = run("embed", model, tmp_path / "in.txt", tmp_path / "out.npy", "-q")
+    assert_clean_failure(result, "cannot load the model: ", exit_code=1)
+    assert message in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_convert_reports_bad_option_types_in_one_line(tmp_path):
+    options = json.loads((FIXTURES / "options.json").read_text())
+    options["char_cnn"]["embedding"]["dim"] = "16"
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    result = run("convert", tmp_path / "options.json", FIXTURES / "lm_weights.hdf5", tmp_path / "out")
+    assert_clean_failure(result, "ElmoConfig.char_embedding_dim must be an integer >= 1, got '16'", exit_code=1)
+
+
 def test_embed_takes_allennlp_elmos_arguments(allennlp_model_dir, tmp_path):
     """`allennlp elmo INPUT OUTPUT --top --options-file O --weight-file W ...` with `elmo embed` in front: the
     original weights, whitespace-split lines, AllenNLP's layer flags, batch size, device and sentence keys."""
