@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import numpy as np
 import torch
@@ -383,8 +383,17 @@ class Hdf5Writer(EmbeddingWriter):
         os.replace(_partial_path(self.path), self.path)
 
     def discard(self) -> None:
-        self._file.close()
-        _partial_path(self.path).unlink(missing_ok=True)
+        _close_and_remove(self._file, _partial_path(self.path))
+
+
+def _close_and_remove(handle: Any, path: Path) -> None:
+    """Close `handle` and delete `path`, also when closing fails (e.g. flushing onto a full disk)."""
+    try:
+        handle.close()
+    except OSError:
+        pass  # the file is being thrown away: what could not be written does not matter
+    finally:
+        path.unlink(missing_ok=True)
 
 
 class _GrowingNpy:
@@ -415,17 +424,19 @@ class _GrowingNpy:
         self._file.write(rows.data)
         self.rows += len(rows)
 
-    def close(self) -> None:
+    def finish(self) -> None:
+        """Write the final header and close the partial file (`commit` then moves it into place)."""
         self._file.seek(0)
         self._write_header()
         if self._file.tell() != self._data_start:
             raise RuntimeError(f"{self.path}: the final .npy header does not fit where the first one was written")
         self._file.close()
+
+    def commit(self) -> None:
         os.replace(_partial_path(self.path), self.path)
 
     def discard(self) -> None:
-        self._file.close()
-        _partial_path(self.path).unlink(missing_ok=True)
+        _close_and_remove(self._file, _partial_path(self.path))
 
 
 class NpyWriter(EmbeddingWriter):
@@ -448,8 +459,13 @@ class NpyWriter(EmbeddingWriter):
         self.count += 1
 
     def close(self) -> None:
-        self._vectors.close()
-        self._offsets.close()
+        self._vectors.finish()
+        self._offsets.finish()
+        # Never a new .npy beside an old index: the old index goes first, and the new one comes last (a run killed
+        # in between leaves a .npy without its .offsets.npy: an incomplete output, never a mismatched pair).
+        self.offsets_path.unlink(missing_ok=True)
+        self._vectors.commit()
+        self._offsets.commit()
 
     def discard(self) -> None:
         self._vectors.discard()

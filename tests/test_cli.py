@@ -165,7 +165,9 @@ def damaged_copy(model_dir: Path, target: Path, damage: str) -> Path:
     return target
 
 
-@pytest.mark.parametrize(("damage", "message"), [("corrupt", "Error while deserializing header"), ("shapes", "ignore_mismatched")])
+@pytest.mark.parametrize(
+    ("damage", "message"), [("corrupt", "Error while deserializing header"), ("shapes", "ignore_mismatched")]
+)
 def test_info_and_embed_report_damaged_weights_in_one_line(tiny_model_dir, tmp_path, damage, message):
     model = damaged_copy(tiny_model_dir, tmp_path / "model", damage)
     (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -360,3 +361,51 @@ def test_embed_file_method_with_allennlps_arguments(tiny_model, tmp_path):
         embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", output_format="mix", progress=False)
     with pytest.raises(ValueError, match="sentence keys name the datasets of an .hdf5 file"):
         embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.npy", use_sentence_keys=True, progress=False)
+
+
+# -- faults --------------------------------------------------------------------------------------------------
+
+
+class FullDisk:
+    """A file whose flush fails as on a full disk (the real file is closed underneath)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def close(self):
+        self.handle.close()
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".hdf5"])
+def test_a_full_disk_leaves_no_partial_files(tmp_path, suffix):
+    writer = open_writer(tmp_path / f"out{suffix}", (4,))
+    writer.add(np.ones((2, 4), dtype=np.float32), "a b")
+    if suffix == ".npy":
+        writer._vectors._file = FullDisk(writer._vectors._file)
+    else:
+        writer._file = FullDisk(writer._file)
+    with pytest.raises(OSError, match="No space left"), writer:
+        raise OSError(28, "No space left on device")  # the write that failed
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_npy_never_sits_beside_an_old_offsets_file(tmp_path, monkeypatch):
+    for name in ("out.npy", "out.offsets.npy"):
+        (tmp_path / name).write_bytes(b"old")
+    writer = open_writer(tmp_path / "out.npy", (4,))
+    writer.add(np.ones((2, 4), dtype=np.float32), "a b")
+    replace = os.replace
+    calls = []
+
+    def killed_after_the_first_rename(source, target):
+        calls.append(target)
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # the process dies between the two renames
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", killed_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        writer.close()
+    assert np.load(tmp_path / "out.npy").shape == (2, 4)
+    assert not (tmp_path / "out.offsets.npy").exists()  # not the old index of other vectors
