@@ -463,7 +463,7 @@ def test_resume_after_sigkill_continues_exactly(tmp_path):
     args = ["--train_files", str(corpus), "--vocab_file", str(require(TOY / "vocab.txt")), "--word_tokenizer",
             "whitespace", "--model_config", TOY_MODEL, "--threads", "1", "--batch_tokens", "120", "--num_sampled",
             "8", "--num_train_epochs", "4", "--save_steps", "5", "--save_total_limit", "2", "--num_workers", "1",
-            "--logging_steps", "1000"]
+            "--logging_steps", "3"]
     reference = run_pretrain([*args, "--output_dir", str(tmp_path / "reference")], tmp_path / "reference.log")
 
     killed_dir = tmp_path / "killed"
@@ -491,6 +491,26 @@ def test_resume_after_sigkill_continues_exactly(tmp_path):
     states = [json.loads((d / "trainer_state.json").read_text()) for d in (tmp_path / "reference", killed_dir)]
     assert states[0]["step"] == states[1]["step"] and states[0]["tokens"] == states[1]["tokens"]
     assert not [p for p in (killed_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+    # The log holds every record once, as the uninterrupted run's: those written after the checkpoint the run
+    # resumed from are dropped, then written again by the resumed run.
+    logs = [[json.loads(line) for line in (d / "training_log.jsonl").read_text().splitlines()]
+            for d in (tmp_path / "reference", killed_dir)]
+    assert [r["step"] for r in logs[1]] == [r["step"] for r in logs[0]] and len(logs[0]) >= 3
+    # Losses are means since the previous record: equal once a window lies wholly after the resumed step.
+    after = [[r["loss"] for r in log if r["step"] >= steps[-1] + 3] for log in logs]
+    assert after[0] and after[1] == after[0]
+
+
+def test_resume_refuses_a_checkpoint_whose_random_state_cannot_be_restored(tmp_path, one_thread):
+    args = toy_args(tmp_path, "--num_sampled", "8", "--batch_tokens", "60", "--save_steps", "2", "--max_steps", "4")
+    assert runner.invoke(app, ["pretrain", *args]).exit_code == 0
+    reset_accelerate()
+    checkpoint = latest_checkpoint(tmp_path / "out" / "checkpoints")
+    (checkpoint / "random_states_0.pkl").write_bytes(b"damaged")
+    result = runner.invoke(app, ["pretrain", *args[:-2], "--max_steps", "6", "--resume"])
+    reset_accelerate()
+    assert result.exit_code == 1, result.output
+    assert "the random state of process 0 cannot be read" in result.stderr and "exactly" in result.stderr
 
 
 def test_two_processes_read_their_own_part_and_keep_their_weights_in_sync(tmp_path):

@@ -16,7 +16,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
+from accelerate.utils.constants import RNG_STATE_NAME
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
@@ -99,5 +101,14 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> 
             f"{checkpoint} has no state for process {accelerator.process_index}: resume with the number of "
             "processes that wrote it"
         )
+    rng_file = checkpoint / f"{RNG_STATE_NAME}_{accelerator.process_index}.pkl"
+    try:  # Accelerate logs and ignores an RNG state it cannot load, which would resume inexactly
+        saved_rng = torch.load(rng_file, weights_only=False)["torch_manual_seed"]
+    except Exception as error:
+        raise ValueError(f"{checkpoint}: the random state of process {accelerator.process_index} cannot be read "
+                         f"({error}); resuming from it would not continue the run exactly") from None
     accelerator.load_state(str(checkpoint))
+    if not torch.equal(torch.get_rng_state(), saved_rng):
+        raise ValueError(f"{checkpoint}: the random state of process {accelerator.process_index} was not restored; "
+                         "resuming from it would not continue the run exactly")
     return json.loads(state_file.read_text(encoding="utf-8"))

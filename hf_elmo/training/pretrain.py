@@ -289,6 +289,10 @@ def train(args: PretrainArguments) -> Path:
     progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process,
                     desc="elmo pretrain", unit="step")
     log_file = output_dir / "training_log.jsonl"
+    if accelerator.is_main_process and log_file.is_file():  # records after the checkpoint are written again
+        keep = [line for line in log_file.read_text(encoding="utf-8").splitlines(keepends=True)
+                if checkpoint is not None and json.loads(line)["step"] <= step]
+        log_file.write_text("".join(keep), encoding="utf-8")
 
     def log(record: dict) -> None:
         record = {"step": step, "epoch": position.epoch, **record}
