@@ -110,6 +110,8 @@ def test_pushed_repo_has_weights_tokenizer_card_remote_code_and_auto_maps(pushed
         "AutoConfig": "configuration_elmo.ElmoConfig",
         "AutoModel": "modeling_elmo.ElmoModel",
         "AutoModelForPreTraining": "modeling_elmo.ElmoForBidirectionalLM",
+        "AutoModelForTokenClassification": "modeling_elmo.ElmoForTokenClassification",
+        "AutoModelForSequenceClassification": "modeling_elmo.ElmoForSequenceClassification",
     }
     assert config["model_type"] == "elmo"
     tokenizer_config = json.loads(Path(hf_hub_download(repo_id, "tokenizer_config.json")).read_text())
@@ -275,7 +277,8 @@ assert importlib.util.find_spec("hf_elmo") is None, importlib.util.find_spec("hf
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTokenizer
+from transformers import (AutoConfig, AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification,
+                          AutoModelForTokenClassification, AutoTokenizer)
 
 spec = json.load(open(spec_file))
 report = {"classes": {}, "sys_path": sys.path}
@@ -284,10 +287,16 @@ for repo_id, has_lm in spec["repos"].items():
     tokenizer = AutoTokenizer.from_pretrained(repo_id, trust_remote_code=True)
     model = AutoModel.from_pretrained(repo_id, trust_remote_code=True).eval()
     loaded = {"config": config, "tokenizer": tokenizer, "model": model}
+    # The task models over the repo's biLM (new task layers): they load, and run.
+    for name, auto_class in (("tagger", AutoModelForTokenClassification),
+                             ("classifier", AutoModelForSequenceClassification)):
+        loaded[name] = auto_class.from_pretrained(repo_id, trust_remote_code=True, num_labels=3).eval()
     batch = tokenizer(spec["sentences"], is_split_into_words=True, padding=True, return_tensors="pt")
     arrays = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         arrays |= {f"hidden_{i}": layer for i, layer in enumerate(model(**batch).hidden_states)}
+        assert loaded["tagger"](**batch).logits.shape == (*batch["attention_mask"].shape, 3)
+        assert loaded["classifier"](**batch).logits.shape == (len(spec["sentences"]), 3)
         if has_lm:
             lm = loaded["lm"] = AutoModelForPreTraining.from_pretrained(repo_id, trust_remote_code=True).eval()
             output = lm(**batch)
@@ -356,7 +365,8 @@ def test_fresh_process_without_the_package_loads_the_remote_code(fresh_process_l
     assert report["hf_elmo_modules"] == []
     repo_root = Path(hf_elmo.__file__).resolve().parents[1]
     assert not [p for p in report["sys_path"] if p and Path(p).resolve() in (repo_root, repo_root / "tests")]
-    base = {"config": "ElmoConfig", "tokenizer": "ElmoCharTokenizer", "model": "ElmoModel"}
+    base = {"config": "ElmoConfig", "tokenizer": "ElmoCharTokenizer", "model": "ElmoModel",
+            "tagger": "ElmoForTokenClassification", "classifier": "ElmoForSequenceClassification"}
     for repo_id, expected in ((LM_REPO, {**base, "lm": "ElmoForBidirectionalLM"}), (CONVERTED_REPO, base)):
         classes = report["classes"][repo_id]
         assert {key: name for key, (_, name) in classes.items()} == expected
