@@ -183,15 +183,20 @@ class ElmoEmbedder:
             variant.batch_size = batch_size
         return variant
 
+    def _layers(self, sentences: Sequence[Sequence[str]]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """One forward pass: the biLM layers, each (batch, positions, width) with the `<S>`/`</S>` rows, and the
+        mask (batch, positions), on the model's device."""
+        encoded = self.tokenizer(
+            [list(words) for words in sentences], is_split_into_words=True, padding=True, return_tensors="pt"
+        )
+        mask = encoded["attention_mask"].to(self.device)
+        return self.model(encoded["input_ids"].to(self.device), mask).hidden_states, mask
+
     @torch.inference_mode()
     def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """AllenNLP's `batch_to_embeddings`: all layers `(batch, n_layers + 1, words, width)` and the word mask
         `(batch, words)`, sentence boundaries removed, on the model's device."""
-        encoded = self.tokenizer(
-            [list(words) for words in batch], is_split_into_words=True, padding=True, return_tensors="pt"
-        )
-        mask = encoded["attention_mask"].to(self.device)
-        hidden_states = self.model(encoded["input_ids"].to(self.device), mask).hidden_states
+        hidden_states, mask = self._layers(batch)
         without_boundaries = [remove_sentence_boundaries(layer, mask) for layer in hidden_states]
         return torch.stack([layer for layer, _ in without_boundaries], dim=1), without_boundaries[0][1]
 
@@ -202,12 +207,7 @@ class ElmoEmbedder:
     @torch.inference_mode()
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One forward pass. Returns per sentence a float32 array `(layers, words, width)` or `(words, width)`."""
-        encoded = self.tokenizer(
-            [list(words) for words in sentences], is_split_into_words=True, padding=True, return_tensors="pt"
-        )
-        hidden_states = self.model(
-            encoded["input_ids"].to(self.device), encoded["attention_mask"].to(self.device)
-        ).hidden_states
+        hidden_states, _ = self._layers(sentences)
         if self.layers == "all":
             output = torch.stack(hidden_states)  # (layers, batch, positions, width)
         elif self.layers == "top":
