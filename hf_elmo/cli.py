@@ -246,6 +246,10 @@ def embed(
     batch_size: Annotated[
         int | None, typer.Option(min=1, help="Sentences per forward pass at most, on top of --batch-tokens.")
     ] = None,
+    max_sentence_words: Annotated[
+        int, typer.Option(min=1, help="Longer lines run as windows of this many words, each from the zero state "
+                          "(bounded memory; AllenNLP runs them whole).")
+    ] = 1000,
     forget_sentences: Annotated[
         bool, typer.Option("--forget-sentences", help="hdf5: leave out `sentence_to_index` (flat memory).")
     ] = False,
@@ -290,6 +294,8 @@ def embed(
     of at most `--batch-tokens` positions and written in input order, so memory does not grow with the input
     (except `sentence_to_index`; see `--forget-sentences`; oneDNN's kernel caches are capped at 64 shapes unless
     ONEDNN_PRIMITIVE_CACHE_CAPACITY / LRU_CACHE_CAPACITY are set). A sentence's vectors do not depend on its batch.
+    A line longer than `--max-sentence-words` (1000) runs as consecutive windows of that many words, each from the
+    zero state, its vectors concatenated: a huge line needs the memory of a window plus its output.
     """
     legacy_weights = options_file is not None or weight_file is not None
     if len(arguments) not in (2, 3) or (legacy_weights and len(arguments) == 3):
@@ -356,6 +362,7 @@ def embed(
             batch_tokens=batch_tokens,
             buffer_tokens=buffer_tokens,
             batch_size=batch_size,
+            max_sentence_words=max_sentence_words,
             device=torch_device,
             options_file=options_file,
             weight_file=weight_file,

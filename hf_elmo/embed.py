@@ -106,6 +106,8 @@ class ElmoEmbedder:
             `4 * batch_tokens`); bounds the memory held by `embed_sentences`.
         batch_size (`int`, optional): sentences per forward pass at most (AllenNLP's `batch_size`), on top of
             `batch_tokens`.
+        max_sentence_words (`int`, 1000): `embed_sentences` runs longer sentences as windows of this many words
+            (each from the zero state; AllenNLP runs them whole) so that memory stays bounded.
         device (`str` or `torch.device`, optional): where to run the model; default: where it is.
         options_file, weight_file (`str`, optional): the original `options.json` and `.hdf5` weights, instead of
             `model` (as AllenNLP; also accepted as the first two positional arguments).
@@ -123,6 +125,7 @@ class ElmoEmbedder:
         buffer_tokens: int | None = None,
         device: str | torch.device | None = None,
         batch_size: int | None = None,
+        max_sentence_words: int = 1000,
         *,
         options_file: str | os.PathLike | None = None,
         weight_file: str | os.PathLike | None = None,
@@ -144,16 +147,17 @@ class ElmoEmbedder:
             raise ValueError("scalar parameters and gamma apply to layers='mix' only")
         if scalar_parameters is not None and len(scalar_parameters) != num_layers:
             raise ValueError(f"{len(scalar_parameters)} scalar parameters given, the model has {num_layers} layers")
-        if batch_tokens < 1 or (buffer_tokens is not None and buffer_tokens < 1) or (
+        if batch_tokens < 1 or max_sentence_words < 1 or (buffer_tokens is not None and buffer_tokens < 1) or (
             batch_size is not None and batch_size < 1
         ):
-            raise ValueError("batch_tokens, buffer_tokens and batch_size must be >= 1")
+            raise ValueError("batch_tokens, buffer_tokens, batch_size and max_sentence_words must be >= 1")
         self.model = model.eval() if device is None else model.to(device).eval()
         self.device = next(model.parameters()).device
         self.tokenizer = tokenizer or ElmoCharTokenizer.for_model(model.config)
         self.batch_tokens = batch_tokens
         self.buffer_tokens = buffer_tokens or 4 * batch_tokens
         self.batch_size = batch_size
+        self.max_sentence_words = max_sentence_words
         self._set_layers(layers, scalar_parameters, gamma)
 
     def _set_layers(self, layers: str, scalar_parameters: Sequence[float] | None = None, gamma: float = 1.0) -> None:
@@ -225,15 +229,25 @@ class ElmoEmbedder:
 
         The input is consumed in chunks of about `buffer_tokens` positions; each chunk is sorted by length and
         cut into batches of at most `batch_tokens` positions (and `batch_size` sentences, default the embedder's),
-        so padding is small and memory bounded.
+        so padding is small and memory bounded. A sentence longer than `max_sentence_words` is run as consecutive
+        windows of that many words, each from the zero state, and their vectors are concatenated, so a huge line
+        needs the memory of a window (plus its output), not of the whole line.
         """
         batch_size = batch_size or self.batch_size
+        window = self.max_sentence_words
         for chunk in _chunks(sentences, self.buffer_tokens):
+            # The windows of every sentence, in order; an empty sentence is one empty window.
+            pieces = [words[start : start + window] for words in chunk
+                      for start in range(0, max(len(words), 1), window)]
             embeddings: dict[int, np.ndarray] = {}
-            for batch in length_batches([len(words) for words in chunk], self.batch_tokens, batch_size):
-                embeddings.update(zip(batch, self.embed_batch([chunk[i] for i in batch])))
+            for batch in length_batches([len(words) for words in pieces], self.batch_tokens, batch_size):
+                embeddings.update(zip(batch, self.embed_batch([pieces[j] for j in batch])))
+            start = 0
             for index in range(len(chunk)):
-                yield embeddings.pop(index)
+                end = start + max(1, -(-len(chunk[index]) // window))
+                parts = [embeddings.pop(j) for j in range(start, end)]
+                yield parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
+                start = end
 
     def embed_file(
         self,

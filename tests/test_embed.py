@@ -409,3 +409,15 @@ def test_a_new_npy_never_sits_beside_an_old_offsets_file(tmp_path, monkeypatch):
         writer.close()
     assert np.load(tmp_path / "out.npy").shape == (2, 4)
     assert not (tmp_path / "out.offsets.npy").exists()  # not the old index of other vectors
+
+
+def test_long_sentences_run_as_windows_from_the_zero_state(tiny_model):
+    words = [f"w{i % 7}" for i in range(12)]
+    embedder = ElmoEmbedder(tiny_model, max_sentence_words=5, batch_tokens=30, buffer_tokens=40)
+    short, long_, empty = list(embedder.embed_sentences([words[:5], words, []]))
+    windows = [direct_layers(tiny_model, words[start : start + 5]) for start in (0, 5, 10)]
+    assert long_.shape == (3, 12, 16) and empty.shape == (3, 0, 16)
+    np.testing.assert_allclose(long_, np.concatenate(windows, axis=1), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(short, direct_layers(tiny_model, words[:5]), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="max_sentence_words must be >= 1"):
+        ElmoEmbedder(tiny_model, max_sentence_words=0)
