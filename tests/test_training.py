@@ -414,7 +414,8 @@ def test_fine_tuning_a_bilm_keeps_its_vocabulary_and_tokenizer(toy_lm, tmp_path,
     assert tuned.config.word_tokenizer == "whitespace"
     before = ElmoForBidirectionalLM.from_pretrained(toy_lm)
     assert not torch.equal(tuned.elmo.char_cnn.char_embedding.weight, before.elmo.char_cnn.char_embedding.weight)
-    assert "(fine-tuned)" in (output / "README.md").read_text()
+    card = (output / "README.md").read_text()
+    assert f"the biLM `{toy_lm.name}` (a local directory) (fine-tuned)" in card and str(toy_lm) not in card
 
 
 def test_an_encoder_without_softmax_gets_a_new_softmax_trained_first(tmp_path, one_thread):

@@ -148,6 +148,12 @@ def elmo_config(name: str) -> ElmoConfig:
     return config
 
 
+def describe_model(name: str) -> str:
+    """How a card names a starting model: a Hub id as it is, a local directory by its name only (a card never
+    holds a local path)."""
+    return f"`{Path(name).name}` (a local directory)" if Path(name).exists() else f"`{name}`"
+
+
 def load_vocabulary(args: PretrainArguments, accelerator: Accelerator, word_tokenizer_name: str) -> WordVocabulary:
     """The vocabulary of a new softmax: the run's own (when resuming), --vocab_file, or built by the main process
     from the training files. Written to output_dir/vocab.txt."""
@@ -186,7 +192,7 @@ def load_model(
         lm = ElmoForBidirectionalLM.from_pretrained(args.init_model, **overrides)
         if accelerator.is_main_process:
             vocabulary.save(Path(args.output_dir) / VOCAB_FILE)
-        return lm, vocabulary, f"the biLM `{args.init_model}` (fine-tuned)"
+        return lm, vocabulary, f"the biLM {describe_model(args.init_model)} (fine-tuned)"
     vocabulary = load_vocabulary(args, accelerator, word_tokenizer_name)
     if init_config is not None:  # an encoder without softmax (e.g. converted original weights): add a new one
         config = ElmoConfig.from_dict({**init_config.to_dict(), **overrides, "vocab_size": len(vocabulary)})
@@ -194,7 +200,7 @@ def load_model(
         # encoder with `ElmoForBidirectionalLM.from_pretrained(..., vocab_size=...)` leaves it uninitialised).
         lm = ElmoForBidirectionalLM(config)
         lm.elmo.load_state_dict(ElmoModel.from_pretrained(args.init_model).state_dict())
-        return lm, vocabulary, f"the biLM `{args.init_model}` with a new softmax"
+        return lm, vocabulary, f"the biLM {describe_model(args.init_model)} with a new softmax"
     model_config = json.loads(args.model_config) if args.model_config else {}
     config = ElmoConfig.from_preset(args.preset, **{**model_config, **overrides, "vocab_size": len(vocabulary)})
     return ElmoForBidirectionalLM(config), vocabulary, "random initialisation"
