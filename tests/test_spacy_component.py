@@ -9,7 +9,6 @@ import warnings
 import numpy as np
 import pytest
 import spacy
-import srsly
 import torch
 from spacy.tokens import Doc, DocBin
 from spacy_fixtures import (
@@ -200,21 +199,6 @@ def test_pipeline_saves_the_biLM_and_loads_without_its_source(elmo_dir, tmp_path
     # Settings of the biLM layer come from the (edited) config, not from the saved model.
     edited = spacy.load(tmp_path / "pipeline", config={"components": {"elmo": {"model": {"max_batch_tokens": 7}}}})
     assert edited.get_pipe("elmo").model.attrs["settings"].max_batch_tokens == 7
-
-
-def test_spacy_package_requires_this_distribution(nlp, tmp_path):
-    """`spacy package` writes the requirement of the distribution providing the factory: `spacy-elmo` (the name
-    `elmo` on PyPI is another project, which a packaged pipeline would install instead)."""
-    from spacy.cli.package import package
-
-    from hf_elmo import __version__
-
-    nlp.to_disk(tmp_path / "pipeline")
-    package(tmp_path / "pipeline", tmp_path, name="elmo_test", version="1.0.0",
-            create_sdist=False, silent=True)
-    meta = srsly.read_json(tmp_path / "en_elmo_test-1.0.0" / "meta.json")
-    major, minor = map(int, __version__.split(".")[:2])
-    assert meta["requirements"] == [f"spacy-elmo>={major}.{minor}.0,<{major}.{minor + 1}.0"]
 
 
 def test_pipeline_pickles(nlp):

@@ -114,8 +114,8 @@ def test_only_right_padding(tokenizer):
 def test_unsupported_arguments_raise(tokenizer):
     with pytest.raises(ValueError, match="pairs"):
         tokenizer("a", "b")
-    with pytest.raises(ValueError, match="offset"):
-        tokenizer("a", return_offsets_mapping=True)
+    with pytest.raises(ValueError, match="overflowing"):
+        tokenizer("a", return_overflowing_tokens=True)
     with pytest.raises(TypeError, match="list of str"):
         tokenizer([["a", 3]], is_split_into_words=True)
 
