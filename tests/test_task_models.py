@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from elmo_fixtures import tiny_config
-from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, pipeline
 
 from hf_elmo import ElmoCharTokenizer, ElmoForSequenceClassification, ElmoForTokenClassification, ElmoModel
 
@@ -102,6 +102,11 @@ def test_sequence_classification_learns_a_toy_task_and_round_trips(encoder_dir, 
     with torch.no_grad():
         alone = reloaded(**tokenizer([CLASSIFIED[2][0]], return_tensors="pt")).logits
     torch.testing.assert_close(alone[0], logits[2], atol=1e-5, rtol=0)
+    # transformers' own text-classification pipeline runs it end to end.
+    reloaded.config.id2label = {0: "negative", 1: "positive"}
+    classify = pipeline("text-classification", model=reloaded, tokenizer=tokenizer)
+    assert [result["label"] for result in classify([text for text, _ in CLASSIFIED])] == [
+        "positive" if label else "negative" for _, label in CLASSIFIED]
 
 
 def test_the_loss_adds_the_papers_mix_regulariser(encoder_dir):
