@@ -42,3 +42,22 @@ def tiny_config(**overrides):
         n_layers=2, cell_clip=3.0, proj_clip=3.0, use_skip_connections=True,
     )
     return ElmoConfig(**{**settings, **overrides})
+
+
+def run_without_hf_elmo(code: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Run `code` in a fresh interpreter that cannot import `hf_elmo`; its stdout (fails the test on an error).
+
+    Started with `python -I -S`: no PYTHONPATH, no cwd, no site module, so no .pth file (the editable install's
+    finder) runs. `code` first adds the site-packages directories themselves, given as JSON in `sys.argv[1]`:
+    `sys.path.extend(json.loads(sys.argv[1]))`; `args` follow in `sys.argv[2:]`.
+    """
+    import site
+    import subprocess
+    import sys
+
+    user_site = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    site_dirs = [path for path in [*site.getsitepackages(), *user_site] if Path(path).is_dir()]
+    command = [sys.executable, "-I", "-S", "-c", code, json.dumps(site_dirs), *args]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import site
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from urllib.request import urlopen
 import numpy as np
 import pytest
 import torch
-from elmo_fixtures import ALLENNLP, require, tiny_config
+from elmo_fixtures import ALLENNLP, require, run_without_hf_elmo, tiny_config
 from fake_hub import FakeHub, hub_env, patch_hub_client
 from huggingface_hub import ModelCard, create_repo, hf_hub_download, list_repo_files, upload_file
 from safetensors.torch import load_file
@@ -269,10 +268,8 @@ def test_from_pretrained_of_pushed_repo_gives_the_package_classes(pushed, tiny_l
 CHILD_CODE = r"""
 import importlib.util, json, sys
 
-site_dirs, spec_file, out_dir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-# Started with `python -I -S`: no PYTHONPATH, no cwd, no site module, so no .pth file (the editable install's
-# finder) ran. Only the site-packages directories themselves are added.
-sys.path.extend(site_dirs)
+sys.path.extend(json.loads(sys.argv[1]))  # see run_without_hf_elmo
+spec_file, out_dir = sys.argv[2], sys.argv[3]
 assert importlib.util.find_spec("hf_elmo") is None, importlib.util.find_spec("hf_elmo")
 
 import numpy as np
@@ -313,11 +310,7 @@ def run_child(env: dict[str, str], workdir: Path, out_dir: Path) -> dict:
     out_dir.mkdir()
     spec_file = workdir / "spec.json"
     spec_file.write_text(json.dumps({"repos": {LM_REPO: True, CONVERTED_REPO: False}, "sentences": SENTENCES}))
-    user_site = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
-    site_dirs = [path for path in [*site.getsitepackages(), *user_site] if Path(path).is_dir()]
-    args = [sys.executable, "-I", "-S", "-c", CHILD_CODE, json.dumps(site_dirs), str(spec_file), str(out_dir)]
-    result = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_without_hf_elmo(CHILD_CODE, str(spec_file), str(out_dir), cwd=workdir, env=env)
     report = json.loads((out_dir / "report.json").read_text())
     for repo_id in (LM_REPO, CONVERTED_REPO):
         with np.load(out_dir / f"{repo_id.replace('/', '--')}.npz") as arrays:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from elmo_fixtures import require, tiny_config
 from spacy_fixtures import DATA, REPO, run_python
+from transformers import pipeline
 
 from hf_elmo import ElmoCharTokenizer, ElmoForTokenClassification, ElmoModel
 
@@ -57,3 +58,9 @@ def test_the_recipe_trains_and_reports_dev_entity_f1(tmp_path):
     assert 0 <= metrics["eval_f1"] <= 100
     tagger = ElmoForTokenClassification.from_pretrained(out)
     assert tagger.config.id2label[0] == "B-LOC" and tagger.num_labels == 9
+    # Saved with its pipeline: transformers builds ElmoTokenClassificationPipeline from the directory.
+    ner = pipeline("token-classification", model=str(out), trust_remote_code=True)
+    assert type(ner).__name__ == "ElmoTokenClassificationPipeline" and ner.model.num_labels == 9
+    words = ner(text := "Peter Blackburn lives in Brussels.", ignore_labels=[])  # every word, with its label
+    assert [(e["word"], text[e["start"]:e["end"]]) for e in words] == [
+        (w, w) for w in ["Peter", "Blackburn", "lives", "in", "Brussels", "."]]

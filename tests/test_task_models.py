@@ -3,13 +3,16 @@ offsets they are used with."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
-from elmo_fixtures import tiny_config
+from elmo_fixtures import run_without_hf_elmo, tiny_config
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, pipeline
 
 from hf_elmo import ElmoCharTokenizer, ElmoForSequenceClassification, ElmoForTokenClassification, ElmoModel
+from hf_elmo.pipeline_elmo import ElmoTokenClassificationPipeline
 
 TAGGED = [  # tag 1 for capitalised words
     ("The bank of England", [1, 0, 0, 1]),
@@ -81,6 +84,45 @@ def test_token_classification_learns_a_toy_tagging_task_and_leaves_the_biLM_alon
     assert torch.equal(predicted[labels != -100], labels[labels != -100])
     assert all(torch.equal(tensor, before[name]) for name, tensor in model.elmo.state_dict().items())
     assert model.scalar_mix.scalar_parameters.grad is not None
+
+
+PIPELINE_CHILD = r"""
+import json, sys
+sys.path.extend(json.loads(sys.argv[1]))  # see run_without_hf_elmo
+from transformers import pipeline
+
+tagger = pipeline("token-classification", model=sys.argv[2], trust_remote_code=True, aggregation_strategy="simple")
+entities = tagger(json.loads(sys.argv[3]))
+print(json.dumps({"entities": [[{**e, "score": float(e["score"])} for e in row] for row in entities],
+                  "class": [type(tagger).__module__.split(".")[0], type(tagger).__name__]}))
+"""
+
+
+def test_token_classification_pipeline_groups_words_in_process_and_as_remote_code(encoder_dir, tmp_path):
+    tokenizer = ElmoCharTokenizer.from_pretrained(encoder_dir)
+    model = ElmoForTokenClassification.from_pretrained(
+        encoder_dir, num_labels=3, classifier_dropout=0.0, id2label={0: "O", 1: "B-CAP", 2: "I-CAP"})
+    batch = tokenizer([text for text, _ in TAGGED], padding=True, return_tensors="pt")
+    train(model, batch, token_labels(batch, [tags for _, tags in TAGGED]))
+    tagger = pipeline("token-classification", model=model.eval(), tokenizer=tokenizer, aggregation_strategy="simple",
+                      pipeline_class=ElmoTokenClassificationPipeline)
+    texts = ["we met  Anna in Paris", "The bank of England"]
+    entities = [[(e["entity_group"], e["word"], e["start"], e["end"]) for e in row] for row in tagger(texts)]
+    assert entities == [[("CAP", "Anna", 8, 12), ("CAP", "Paris", 16, 21)],
+                        [("CAP", "The", 0, 3), ("CAP", "England", 12, 19)]]
+    # Pre-split words: spans in the words joined by spaces, as transformers' pipeline gives them.
+    split = tagger(["we", "met", "Anna", "in", "Paris"], is_split_into_words=True)
+    assert [(e["word"], e["start"], e["end"]) for e in split[0]] == [("Anna", 7, 11), ("Paris", 15, 20)]
+    # Saved as a pipeline, the directory builds it again with no hf_elmo: custom_pipelines and its remote code.
+    tagger.save_pretrained(tmp_path / "tagger")
+    assert json.loads((tmp_path / "tagger" / "config.json").read_text())["custom_pipelines"] == {
+        "token-classification": {"impl": "pipeline_elmo.ElmoTokenClassificationPipeline",
+                                 "pt": ["AutoModelForTokenClassification"], "type": "text"}}
+    output = run_without_hf_elmo(PIPELINE_CHILD, str(tmp_path / "tagger"), json.dumps(texts), cwd=tmp_path)
+    remote = json.loads(output.splitlines()[-1])
+    assert remote["class"] == ["transformers_modules", "ElmoTokenClassificationPipeline"]
+    assert remote["entities"] == [[{**e, "score": pytest.approx(float(e["score"]), abs=1e-5)} for e in row]
+                      for row in tagger(texts)]
 
 
 def test_sequence_classification_learns_a_toy_task_and_round_trips(encoder_dir, tmp_path):

@@ -6,7 +6,9 @@
 `ElmoForTokenClassification` (frozen biLM, learned scalar mix, biLSTM task encoder) on the IOB2 files of
 `../shared/data/conll2003/iob2`; word labels go to the words' positions through the tokenizer's `word_ids`
 (-100 for `<S>`, `</S>` and padding). The score is conlleval's: entity precision, recall and F1, an entity counting
-only when its type and both boundaries are right. Needs `pip install "spacy-elmo[train]"` (Accelerate for the
+only when its type and both boundaries are right. The output directory holds the tagger, its tokenizer and its
+pipeline: `pipeline("token-classification", model=output_dir, trust_remote_code=True, aggregation_strategy="simple")`
+tags raw text. Needs `pip install "spacy-elmo[train]"` (Accelerate for the
 Trainer). Every other argument is a `TrainingArguments` field.
 """
 
@@ -18,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from transformers import DataCollatorWithPadding, HfArgumentParser, Trainer, TrainingArguments
+from transformers import DataCollatorWithPadding, HfArgumentParser, Trainer, TrainingArguments, pipeline
 
 from hf_elmo import ElmoCharTokenizer, ElmoForTokenClassification, model_location
+from hf_elmo.pipeline_elmo import ElmoTokenClassificationPipeline
 from spacy_elmo.corpora import conll_sentences
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "conll2003" / "iob2"
@@ -112,8 +115,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     trainer.train()
     metrics = trainer.evaluate()
-    trainer.save_model()
-    tokenizer.save_pretrained(training.output_dir)
+    if trainer.is_world_process_zero():  # the model and tokenizer with the pipeline that reads them
+        tagger = pipeline("token-classification", model=trainer.model, tokenizer=tokenizer,
+                          pipeline_class=ElmoTokenClassificationPipeline)
+        tagger.save_pretrained(training.output_dir)
     Path(training.output_dir, "dev_metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     print(json.dumps(metrics))
     return metrics
