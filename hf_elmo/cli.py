@@ -8,6 +8,8 @@ bad options) end with a one-line `Error: ...` on stderr and exit code 1 (2 for u
 from __future__ import annotations
 
 import json
+import os
+from datetime import timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -21,7 +23,7 @@ from transformers.utils import logging as hf_logging
 from . import DEFAULT_MODEL_NAME, hub, model_location
 from . import convert as legacy
 from .configuration_elmo import ElmoConfig
-from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, bound_onednn_caches, embed_file
+from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, bound_onednn_caches, embed_file, embed_file_in_parts
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
 
 app = typer.Typer(
@@ -296,6 +298,11 @@ def embed(
     ONEDNN_PRIMITIVE_CACHE_CAPACITY / LRU_CACHE_CAPACITY are set). A sentence's vectors do not depend on its batch.
     A line longer than `--max-sentence-words` (1000) runs as consecutive windows of that many words, each from the
     zero state, its vectors concatenated: a huge line needs the memory of a window plus its output.
+
+    **Several processes or nodes.** Under a launcher (`torchrun --nproc-per-node 4 -m hf_elmo.cli embed ...`,
+    or `accelerate launch`), each process embeds a contiguous share of the lines into hidden part files next to
+    OUTPUT (a filesystem all processes see), and process 0 joins them into OUTPUT: the same file, keys and order
+    as one process gives. INPUT must be a file. `--device cuda` uses each process's local GPU.
     """
     legacy_weights = options_file is not None or weight_file is not None
     if len(arguments) not in (2, 3) or (legacy_weights and len(arguments) == 3):
@@ -342,6 +349,13 @@ def embed(
         raise typer.BadParameter(str(error), param_hint="--device") from None
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         _fail("--device cuda: CUDA is not available")
+    # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        if input_file == "-":
+            raise typer.BadParameter("several processes each read INPUT: give a file, not stdin", param_hint="INPUT")
+        if torch_device.type == "cuda" and torch_device.index is None:
+            torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if not legacy_weights:
         config = _load_config(model)
         if scalar_parameters is not None and len(scalar_parameters) != config.num_output_layers:
@@ -369,15 +383,31 @@ def embed(
         )
     except (legacy.LegacyWeightsError, *LOAD_ERRORS) as error:
         _fail(f"cannot load the model: {error}")
+    settings = dict(tokenized=legacy_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
+                    sentence_index=not forget_sentences, sentence_keys=use_sentence_keys)
     try:
-        count = embed_file(
-            embedder, input_file, output_file, tokenized=legacy_weights if tokenized is None else tokenized,
-            progress=not quiet, sentence_index=not forget_sentences, sentence_keys=use_sentence_keys,
-        )
+        if world_size > 1:
+            count = _embed_in_parts(embedder, input_file, output_file, rank, world_size, settings)
+        else:
+            count = embed_file(embedder, input_file, output_file, **settings)
     except (OSError, ImportError, ValueError) as error:
         _fail(str(error))
-    if not quiet:
+    if not quiet and rank == 0:
         typer.echo(f"{count} sentences written to {output_file}", err=True)
+
+
+def _embed_in_parts(
+    embedder: ElmoEmbedder, input_file: str, output_file: Path, rank: int, world_size: int, settings: dict
+) -> int:
+    """`embed_file_in_parts` in a process group of the launcher's processes (gloo: CPU or GPU, any node)."""
+    import torch.distributed as dist
+
+    # The barrier waits for the slowest share: allow a long run.
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(days=7))
+    try:
+        return embed_file_in_parts(embedder, input_file, output_file, rank, world_size, dist.barrier, **settings)
+    finally:
+        dist.destroy_process_group()
 
 
 @app.command()

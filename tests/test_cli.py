@@ -268,6 +268,35 @@ def test_embed_reads_stdin_with_invalid_utf8_in_a_subprocess(tiny_model, tiny_mo
         np.testing.assert_allclose(vectors, direct_layers(tiny_model, line.split())[-1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(("output", "options"), [("out.hdf5", []), ("out.npy", ["--layers", "top", "--raw"])])
+def test_embed_in_two_processes_under_torchrun_equals_one_process(tiny_model_dir, tmp_path, output, options):
+    source = tmp_path / "input.txt"  # 7 lines (shares of 3 and 4): a repeated line, an empty one, invalid UTF-8, CRLF
+    source.write_bytes(b"a b c\nthe same line\n\ncaf\xe9 \xff au lait\r\nthe same line\nx\nlast words here")
+    single, joined = tmp_path / "single" / output, tmp_path / "joined" / output
+    single.parent.mkdir(), joined.parent.mkdir()
+    result = run("embed", tiny_model_dir, source, single, *options, "--threads", 1, "-q")
+    assert result.exit_code == 0, result.output
+    process = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hf_elmo.cli",
+         "embed", str(tiny_model_dir), str(source), str(joined), *options],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert process.returncode == 0, process.stderr[-4000:]
+    assert process.stderr.count(f"7 sentences written to {joined}") == 1  # rank 0 reports
+    assert "process 0/2" in process.stderr and "process 1/2" not in process.stderr  # rank 0's progress only
+    assert sorted(p.name for p in joined.parent.iterdir()) == sorted(p.name for p in single.parent.iterdir())
+    if output.endswith(".npy"):
+        expected, got = read_npy_output(single), read_npy_output(joined)
+    else:
+        with h5py.File(single) as one, h5py.File(joined) as two:
+            assert sorted(one) == sorted(two) and one["sentence_to_index"][0] == two["sentence_to_index"][0]
+            expected, got = ([f[str(i)][()] for i in range(7)] for f in (one, two))
+    assert len(expected) == len(got) == 7
+    for one_process, two_processes in zip(expected, got):
+        assert one_process.shape == two_processes.shape
+        np.testing.assert_allclose(two_processes, one_process, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("preset", [{}, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"}])
 def test_embed_caps_onednn_kernel_caches_unless_the_user_set_them(tiny_model_dir, tmp_path, preset):
     source = tmp_path / "input.txt"
