@@ -106,9 +106,11 @@ def onednn_available() -> bool:
 
 
 def onednn_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear(x, weight)` runs through oneDNN: CPU float32 without gradient or autocast."""
+    """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast (compilers
+    and `torch.export` get `F.linear`)."""
     return (
         USE_ONEDNN
+        and not torch.compiler.is_compiling()
         and onednn_available()
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
@@ -213,7 +215,10 @@ class ElmoCharCNN(nn.Module):
         return min(char_ids.shape[1], last + 1 + self.widest_filter)
 
     def _embed_chunk(self, char_ids: torch.Tensor) -> torch.Tensor:
-        char_ids = char_ids[:, : self._used_positions(char_ids)]
+        return self.token_representation(char_ids[:, : self._used_positions(char_ids)])
+
+    def token_representation(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(words, chars) character ids → (words, projection_dim): the paper's char CNN, highway and projection."""
         chars = self.char_embedding(char_ids)  # (words, chars, char_dim)
         pooled = []
         for conv in self.convs:
@@ -250,8 +255,12 @@ class ElmoCharCNN(nn.Module):
         """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim).
 
         Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
-        needed); padded positions are zeros.
+        needed); padded positions are zeros. Traced (`torch.compile`, `torch.export`), every position goes through
+        the CNN: the same values, without shapes that depend on the data.
         """
+        if torch.compiler.is_compiling():
+            embedded = self.token_representation(input_ids.flatten(0, 1)).view(*input_ids.shape[:2], -1)
+            return embedded * mask[..., None]
         words, inverse = torch.unique(input_ids[mask], dim=0, return_inverse=True)
         needs_grad = torch.is_grad_enabled() and self.char_embedding.weight.requires_grad
         if self.cache_size > 0 and not needs_grad:
@@ -322,6 +331,42 @@ class ElmoLstmLayer(nn.Module):
             return torch.bmm(x, weight.transpose(1, 2))
         return torch.baddbmm(torch.stack(add), x, weight.transpose(1, 2))
 
+    def _cell(
+        self, gates: torch.Tensor, c: torch.Tensor, packed_projection: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of both directions from the gate pre-activations (2, n, 4D) and the cell c (2, n, D): the new
+        (h (2, n, P), c), clipped where the model clips."""
+        cell = c.shape[-1]
+        candidate = torch.tanh(gates[..., cell : 2 * cell])
+        input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
+        c = torch.addcmul(forget_gate * c, input_gate, candidate)
+        if self.cell_clip is not None:
+            c = c.clamp(-self.cell_clip, self.cell_clip)
+        h = output_gate * torch.tanh(c)
+        if self.projection_weight is not None:
+            h = self._both_directions(h, self.projection_weight, packed_projection)
+        if self.proj_clip is not None:
+            h = h.clamp(-self.proj_clip, self.proj_clip)
+        return h, c
+
+    def forward_masked(
+        self, inputs: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """`forward` with every row computed at every step and its state kept where `mask` (batch, steps) is False:
+        no shapes or branches that depend on the data, for `torch.compile` and `torch.export` (the recurrence is
+        unrolled over the steps)."""
+        bias = self._bias_with_forget_bias()
+        projected = torch.matmul(inputs, self.input_weight.transpose(1, 2)[:, None]) + bias[:, None, None]
+        h, c = state
+        outputs = []
+        for step in range(inputs.shape[2]):
+            new_h, new_c = self._cell(torch.baddbmm(projected[:, :, step], h, self.recurrent_weight.transpose(1, 2)),
+                                      c, None)
+            active = mask[:, step, None]  # (batch, 1)
+            h, c = torch.where(active, new_h, h), torch.where(active, new_c, c)
+            outputs.append(new_h * active)
+        return torch.stack(outputs, dim=2), (h, c)
+
     def forward_fused(
         self, inputs: torch.Tensor, lengths: list[int], state: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -373,7 +418,6 @@ class ElmoLstmLayer(nn.Module):
         started = batch_sizes[0] if steps else 0  # rows with at least one position
         h, c = state[0][:, :started], state[1][:, :started]
         packed_recurrent, packed_projection = self._packed_weights(inputs) or (None, None)
-        cell = self.recurrent_weight.shape[1] // 4
         bias = self._bias_with_forget_bias()
         outputs, finished_h, finished_c = [], [], []
         for start in range(0, steps, LSTM_TIME_CHUNK):
@@ -393,16 +437,7 @@ class ElmoLstmLayer(nn.Module):
                     h, c = h[:, :n], c[:, :n]
                 step_input = [projected[d][offset][:n] for d in range(2)]
                 gates = self._both_directions(h, self.recurrent_weight, packed_recurrent, add=step_input)  # (2, n, 4D)
-                candidate = torch.tanh(gates[..., cell : 2 * cell])
-                input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
-                c = torch.addcmul(forget_gate * c, input_gate, candidate)
-                if self.cell_clip is not None:
-                    c = c.clamp(-self.cell_clip, self.cell_clip)
-                h = output_gate * torch.tanh(c)
-                if self.projection_weight is not None:
-                    h = self._both_directions(h, self.projection_weight, packed_projection)
-                if self.proj_clip is not None:
-                    h = h.clamp(-self.proj_clip, self.proj_clip)
+                h, c = self._cell(gates, c, packed_projection)
                 outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
         if not outputs:
             return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
@@ -451,8 +486,6 @@ class ElmoBiLstm(nn.Module):
         # Sort rows by decreasing length so the active rows of every step are a prefix.
         lengths, order = torch.sort(lengths, descending=True, stable=True)
         unsort = torch.argsort(order)
-        counts = lengths.tolist()
-        batch_sizes = [sum(1 for n in counts if n > t) for t in range(steps)]
         # The backward LM reads each sentence reversed within its own length.
         position = torch.arange(steps, device=token_repr.device)
         reverse_index = torch.where(position < lengths[:, None], lengths[:, None] - 1 - position, position)
@@ -460,12 +493,18 @@ class ElmoBiLstm(nn.Module):
         sorted_repr = token_repr[order]
         layer_input = torch.stack([sorted_repr, sorted_repr.gather(1, reverse_index)])  # (2, batch, steps, P)
 
+        traced = torch.compiler.is_compiling()  # no data-dependent shapes: every step of every row, masked
+        if not traced:
+            counts = lengths.tolist()
+            batch_sizes = [sum(1 for n in counts if n > t) for t in range(steps)]
         fused = self.uses_fused_lstm(token_repr)
         outputs, final_h, final_c = [], [], []
         for index, layer in enumerate(self.layers):
             layer_input = self.dropout(layer_input)
             state = (h0[index][:, order], c0[index][:, order])
-            if fused:
+            if traced:
+                layer_output, (h, c) = layer.forward_masked(layer_input, position < lengths[:, None], state)
+            elif fused:
                 layer_output, (h, c) = layer.forward_fused(layer_input, counts, state)
             else:
                 layer_output, (h, c) = layer(layer_input, batch_sizes, state)
@@ -617,7 +656,8 @@ class ElmoModel(ElmoPreTrainedModel):
             raise ValueError(f"input_ids must be a tensor of shape (batch, positions, {chars}), got {shape}")
         if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must hold integer character ids, got dtype {input_ids.dtype}")
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.n_characters):
+        traced = torch.compiler.is_compiling()  # the checks of values below would make shapes depend on the data
+        if not traced and input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.n_characters):
             raise ValueError(
                 f"character ids must lie in [0, {self.config.n_characters}), found "
                 f"[{int(input_ids.min())}, {int(input_ids.max())}]: were they made by ElmoCharTokenizer?"
@@ -630,7 +670,7 @@ class ElmoModel(ElmoPreTrainedModel):
                     f"attention_mask must have shape {tuple(input_ids.shape[:2])}, got {tuple(attention_mask.shape)}"
                 )
             mask = attention_mask.bool()
-        if (mask[:, 1:] & ~mask[:, :-1]).any():
+        if not traced and (mask[:, 1:] & ~mask[:, :-1]).any():
             raise ValueError("every row must be padded on the right: a padding position precedes a real one")
         if initial_state is not None:
             expected_h, expected_c = (s.shape for s in self.bilstm.zero_state(input_ids.shape[0], mask))

@@ -521,3 +521,53 @@ def test_cudnn_lstm_on_gpu_matches_the_cpu_step_loop(monkeypatch, tokenizer):
         gpu = model(**encoded)
     for a, b in zip(cpu.hidden_states, gpu.hidden_states):
         assert (a - b.cpu()).abs().max() <= 1e-5
+
+
+class _OpsCalled(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the ATen / extension ops run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_keeps_its_fast_path(tokenizer):
+    import hf_elmo.modeling_elmo as modeling
+
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()
+    first = tokenizer([SENTENCES[0], ["Hi"], ["a", "b"]], is_split_into_words=True, padding=True, return_tensors="pt")
+    other = tokenizer([["x"] * 5, SENTENCES[1][:3]], is_split_into_words=True, padding=True, return_tensors="pt")
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.export.export(model, (first["input_ids"], first["attention_mask"]),
+                                  dynamic_shapes=({0: batch}, {0: batch}))
+    graph_ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("mkldnn" in op for op in graph_ops), graph_ops  # portable ATen ops only
+    exported = program.module()
+    for encoded in (first, other):  # 3 rows, then 2: the batch is dynamic
+        with torch.no_grad():
+            expected = model(**encoded).hidden_states
+            got = exported(encoded["input_ids"], encoded["attention_mask"]).hidden_states
+        for layer, reference in zip(got, expected, strict=True):
+            assert layer.shape == reference.shape and (layer - reference).abs().max() <= 1e-5
+    # Eager calls still take the oneDNN linear path (and the char CNN's distinct-word path) after the export.
+    with _OpsCalled() as called, torch.no_grad():
+        model(**first)
+    assert "aten._unique2" in called.ops or "aten.unique_dim" in called.ops, called.ops
+    if modeling.onednn_available():
+        assert "mkldnn._linear_pointwise" in called.ops, called.ops
+
+
+def test_torch_compile_with_inductor_gives_the_eager_vectors(tokenizer):
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()
+    encoded = tokenizer([["The", "bank"], ["Hi"]], is_split_into_words=True, padding=True, return_tensors="pt")
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: no graph break anywhere
+    with torch.no_grad():
+        expected, got = model(**encoded).hidden_states, compiled(**encoded).hidden_states
+    for layer, reference in zip(got, expected, strict=True):
+        assert layer.shape == reference.shape and (layer - reference).abs().max() <= 1e-5
