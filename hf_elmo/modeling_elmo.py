@@ -13,6 +13,7 @@ depend on the other rows of its batch. `final_state` + `initial_state` reproduce
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -191,11 +192,22 @@ class ElmoCharCNN(nn.Module):
         self.cache_size = TOKEN_CACHE_SIZE
         self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self._cache_state: tuple = ()
+        self._cache_lock = threading.Lock()  # callers in several threads share the cache
 
     def __getstate__(self) -> dict:
-        """Pickles (e.g. for worker processes) leave the cache behind."""
-        state = super().__getstate__()
-        return {**state, "_cache": OrderedDict(), "_cache_state": ()}
+        """Pickles (e.g. for worker processes) and deep copies leave the cache and its lock behind."""
+        state = {**super().__getstate__(), "_cache": OrderedDict(), "_cache_state": ()}
+        del state["_cache_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._cache_lock = threading.Lock()
+
+    def clear_cache(self) -> None:
+        """Forget every cached token representation."""
+        with self._cache_lock:
+            self._cache.clear()
 
     def embed_words(self, char_ids: torch.Tensor) -> torch.Tensor:
         """(words, chars) character ids → (words, projection_dim), in chunks of `CHAR_CNN_CHUNK` words."""
@@ -231,25 +243,30 @@ class ElmoCharCNN(nn.Module):
 
     def _embed_words_cached(self, char_ids: torch.Tensor) -> torch.Tensor:
         """`embed_words` through the cache; it is emptied whenever a weight, the device, the dtype or the autocast
-        setting changes."""
+        setting changes. Thread-safe: the cache is read and updated under a lock, the CNN runs outside it."""
         weight = self.char_embedding.weight
         device = weight.device.type
         autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         # In-place updates bump `_version`; optimizers that assign `.data` (e.g. Thinc's) change the pointer.
         state = (weight.device, weight.dtype, autocast, tuple((p.data_ptr(), p._version) for p in self.parameters()))
-        if state != self._cache_state:
-            self._cache.clear()
-            self._cache_state = state
         keys = [row.tobytes() for row in char_ids.cpu().numpy()]
-        missing = [i for i, key in enumerate(keys) if key not in self._cache]
-        for i, vector in zip(missing, self.embed_words(char_ids[missing])):
-            self._cache[keys[i]] = vector.clone()
-        for key in keys:
-            self._cache.move_to_end(key)
-        embedded = torch.stack([self._cache[key] for key in keys]) if keys else self.embed_words(char_ids)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return embedded
+        if not keys:
+            return self.embed_words(char_ids)
+        with self._cache_lock:
+            if state != self._cache_state:
+                self._cache.clear()
+                self._cache_state = state
+            found = {key: self._cache[key] for key in keys if key in self._cache}
+        missing = [i for i, key in enumerate(keys) if key not in found]
+        found.update((keys[i], vector.clone()) for i, vector in zip(missing, self.embed_words(char_ids[missing])))
+        with self._cache_lock:
+            if state == self._cache_state:  # not if the weights changed meanwhile
+                for key in keys:  # most recently used last (other threads may have evicted some meanwhile)
+                    self._cache[key] = found[key]
+                    self._cache.move_to_end(key)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return torch.stack([found[key] for key in keys])
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim).
@@ -632,14 +649,14 @@ class ElmoModel(ElmoPreTrainedModel):
             raise ValueError(f"cache size must be >= 0, got {size}")
         self.char_cnn.cache_size = size
         if size == 0:
-            self.char_cnn._cache.clear()
+            self.char_cnn.clear_cache()
 
     def clear_inference_caches(self) -> None:
         """Empty the token cache and drop the LSTM weights packed for oneDNN (both are rebuilt when needed, and both
         follow in-place and `.data` changes of the weights on their own). Needed only after changing weights outside
         torch (e.g. through a NumPy view of their memory), which neither their version counter nor their address
         shows; also frees their memory."""
-        self.char_cnn._cache.clear()
+        self.char_cnn.clear_cache()
         for layer in self.bilstm.layers:
             layer._packed, layer._packed_state = (), ()
 

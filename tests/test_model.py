@@ -571,3 +571,26 @@ def test_torch_compile_with_inductor_gives_the_eager_vectors(tokenizer):
         expected, got = model(**encoded).hidden_states, compiled(**encoded).hidden_states
     for layer, reference in zip(got, expected, strict=True):
         assert layer.shape == reference.shape and (layer - reference).abs().max() <= 1e-5
+
+
+def test_concurrent_calls_from_threads_give_the_single_thread_vectors(tokenizer):
+    """The token cache is shared by every caller: threads evicting each other's words must not break it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()
+    model.set_token_cache_size(8)  # far fewer words than the calls use: constant eviction
+    vocabulary = [f"w{i}" for i in range(40)]
+    batches = [[[vocabulary[(7 * call + 3 * row + k) % 40] for k in range(3 + row)] for row in range(3)]
+               for call in range(60)]
+    encoded = [tokenizer(batch, is_split_into_words=True, padding=True, return_tensors="pt") for batch in batches]
+
+    def top_layer(inputs):
+        with torch.no_grad():
+            return model(**inputs).hidden_states[-1]
+
+    expected = [top_layer(inputs) for inputs in encoded]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(top_layer, encoded * 3))
+    for output, reference in zip(got, expected * 3):
+        assert (output - reference).abs().max() <= 1e-6
