@@ -351,11 +351,8 @@ def embed(
         _fail("--device cuda: CUDA is not available")
     # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
-        if input_file == "-":
-            raise typer.BadParameter("several processes each read INPUT: give a file, not stdin", param_hint="INPUT")
-        if torch_device.type == "cuda" and torch_device.index is None:
-            torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if world_size > 1 and torch_device.type == "cuda" and torch_device.index is None:
+        torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if not legacy_weights:
         config = _load_config(model)
         if scalar_parameters is not None and len(scalar_parameters) != config.num_output_layers:

@@ -31,10 +31,11 @@ class ElmoTokenClassificationPipeline(TokenClassificationPipeline):
         if split:
             if not isinstance(sentence, list):
                 raise ValueError("When `is_split_into_words=True`, `sentence` must be a list of words.")
-            delimiter = preprocess_params["delimiter"]
-            starts = np.cumsum([0, *(len(word) + len(delimiter) for word in sentence[:-1])]).tolist()
-            word_to_chars_map = [(start, start + len(word)) for start, word in zip(starts, sentence)]
-            text = delimiter.join(sentence)
+            text = preprocess_params["delimiter"].join(sentence)
+            word_to_chars_map, start = [], 0
+            for word in sentence:  # the words' spans in `text`
+                word_to_chars_map.append((start, start + len(word)))
+                start += len(word) + len(preprocess_params["delimiter"])
         elif isinstance(sentence, str):
             text = sentence
         else:

@@ -19,7 +19,7 @@ from elmo_fixtures import ALLENNLP, require
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, split_words
 from hf_elmo.convert import convert
-from hf_elmo.embed import ElmoEmbedder, embed_file, length_batches, open_writer, read_lines
+from hf_elmo.embed import ElmoEmbedder, embed_file, embed_file_in_parts, length_batches, open_writer, read_lines
 
 FIXTURES = ALLENNLP
 TINY_CONFIG = dict(char_embedding_dim=4, filters=[[1, 4], [2, 8], [3, 16]], n_highway=1, lstm_dim=32, projection_dim=8)
@@ -421,3 +421,20 @@ def test_long_sentences_run_as_windows_from_the_zero_state(tiny_model):
     np.testing.assert_allclose(short, direct_layers(tiny_model, words[:5]), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="max_sentence_words must be >= 1"):
         ElmoEmbedder(tiny_model, max_sentence_words=0)
+
+
+def test_embedding_in_parts_needs_a_file_and_a_valid_rank(tiny_model, tmp_path):
+    embedder = ElmoEmbedder(tiny_model)
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+
+    def never_reached() -> None:
+        raise AssertionError("the barrier is reached only after a share was embedded")
+
+    with pytest.raises(ValueError, match="reads a file .* not stdin"):
+        embed_file_in_parts(embedder, "-", tmp_path / "out.npy", 0, 2, never_reached)
+    with pytest.raises(ValueError, match="rank 2 of world size 2"):
+        embed_file_in_parts(embedder, source, tmp_path / "out.npy", 2, 2, never_reached)
+    with pytest.raises(ValueError, match="unknown output format '.txt'"):
+        embed_file_in_parts(embedder, source, tmp_path / "out.txt", 0, 2, never_reached)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # nothing written
