@@ -26,7 +26,8 @@ from .modeling_elmo import (
     ElmoWithScalarMixes,
     remove_sentence_boundaries,
 )
-from .tokenization_elmo import ElmoCharTokenizer, split_words
+from .text import split_words
+from .tokenization_elmo import ElmoCharTokenizer
 
 AutoConfig.register(ElmoConfig.model_type, ElmoConfig, exist_ok=True)
 AutoModel.register(ElmoConfig, ElmoModel, exist_ok=True)

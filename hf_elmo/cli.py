@@ -25,6 +25,7 @@ from . import convert as legacy
 from .configuration_elmo import ElmoConfig
 from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, bound_onednn_caches, embed_file, embed_file_in_parts
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
+from .text import expand_files, get_word_tokenizer
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -442,8 +443,7 @@ def build_vocab(
     size and the share of the corpus' words it covers."""
     training = _training()
     try:
-        tokenizer = training.get_word_tokenizer(word_tokenizer)
-        counts = training.count_corpus_words(training.expand_files(files), tokenizer, progress=True)
+        counts = training.count_corpus_words(expand_files(files), get_word_tokenizer(word_tokenizer), progress=True)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     vocabulary = training.WordVocabulary.from_counts(counts, max_size=max_size, min_count=min_count)

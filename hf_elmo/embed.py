@@ -29,7 +29,8 @@ from tqdm import tqdm
 
 from . import DEFAULT_MODEL_NAME, model_location
 from .modeling_elmo import ElmoModel, ElmoScalarMix, remove_sentence_boundaries
-from .tokenization_elmo import ElmoCharTokenizer, split_into_words
+from .text import length_batches, read_lines, split_into_words
+from .tokenization_elmo import ElmoCharTokenizer
 
 LAYER_MODES = ("all", "top", "average", "mix")
 OUTPUT_SUFFIXES = (".hdf5", ".h5", ".npy")
@@ -44,26 +45,6 @@ def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     once, at the first oneDNN call of the process: call this before any."""
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
     os.environ.setdefault("LRU_CACHE_CAPACITY", str(capacity))
-
-
-def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | None = None) -> list[list[int]]:
-    """Group sentence indices, longest first, so that every padded batch has at most `batch_tokens` positions
-    (and at most `batch_size` sentences, when given).
-
-    A sentence of n words takes n + 2 positions (`<S>`, `</S>`); one longer than the budget is a batch of its own.
-    """
-    batches: list[list[int]] = []
-    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        # The first sentence of a batch is its longest, so it sets the padded width.
-        if (
-            batches
-            and (batch_size is None or len(batches[-1]) < batch_size)
-            and (len(batches[-1]) + 1) * (lengths[batches[-1][0]] + 2) <= batch_tokens
-        ):
-            batches[-1].append(index)
-        else:
-            batches.append([index])
-    return batches
 
 
 def _chunks(sentences: Iterable[Sequence[str]], buffer_tokens: int) -> Iterator[list[list[str]]]:
@@ -296,22 +277,6 @@ def _load_model(
 
 
 # -- input --------------------------------------------------------------------------------------------------
-
-
-def read_lines(stream: BinaryIO | IO[str], on_bytes: Callable[[int], object] | None = None) -> Iterator[str]:
-    """Lines of a UTF-8 byte stream (or of a text stream), split on `\\n` only (a `\\r` before it and a leading
-    BOM are dropped).
-
-    Bytes that are not valid UTF-8 never fail: they decode to lone surrogates U+DC80..U+DCFF
-    (`errors="surrogateescape"`), from which `.encode("utf-8", "surrogateescape")` gives back the original bytes.
-    `on_bytes` is called with the size of every raw line (e.g. a progress bar's `update`).
-    """
-    for index, raw in enumerate(stream):
-        if on_bytes is not None:
-            on_bytes(len(raw))
-        line = (raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")).removesuffix("\n")
-        line = line.removesuffix("\r")
-        yield line.removeprefix("\ufeff") if index == 0 else line
 
 
 def _regular_file_size(stream: BinaryIO) -> int | None:
@@ -655,7 +620,5 @@ __all__ = [
     "NpyWriter",
     "embed_file",
     "embed_file_in_parts",
-    "length_batches",
     "open_writer",
-    "read_lines",
 ]

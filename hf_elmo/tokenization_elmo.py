@@ -8,13 +8,14 @@ shifted by +1 so that an all-zero row means "no token here" (a padding position)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import regex
 from transformers import BatchEncoding, PreTrainedTokenizer
 from transformers.utils import PaddingStrategy, TensorType
+
+from .text import check_word_tokenizer, split_into_words
 
 # Raw character ids (training id space); the encoded ids are these + 1.
 BEGIN_OF_SENTENCE_CHAR = 256
@@ -22,72 +23,6 @@ END_OF_SENTENCE_CHAR = 257
 BEGIN_OF_WORD_CHAR = 258
 END_OF_WORD_CHAR = 259
 PADDING_CHAR = 260
-
-# Raw text is split Moses-style, as the released models' training text was: clitics split off
-# ("don't" -> "don 't"), each punctuation mark and each CJK character alone, while dotted abbreviations
-# ("U.S."), numbers with separators ("1,000.5"), hyphenated and apostrophe-free words stay whole.
-_LONE_SURROGATE = regex.compile(r"[\ud800-\udfff]")
-_CJK = r"\p{Han}\p{Hiragana}\p{Katakana}"
-_WORD_SPLIT_PATTERN = regex.compile(
-    rf"""(?:[^\W\d_{_CJK}]\.){{2,}}          # U.S., e.g.
-    |\d+(?:[.,:/]\d+)+                        # 1,000.5  12:30  1/2
-    |[^\W_{_CJK}]+(?:-[^\W_{_CJK}]+)*         # words, hyphenated words, numbers
-    |(?<=[^\W_])'[^\W_{_CJK}]+                # clitics after a letter: 's 't 're 'll
-    |[{_CJK}]                                 # one CJK character per token
-    |\X                                       # any other grapheme (punctuation, emoji, symbols)
-    """,
-    regex.VERBOSE,
-)
-
-
-def split_words(text: str) -> list[str]:
-    """Split raw text into words: whitespace first, then punctuation and clitics (see module comment)."""
-    return [word for chunk in text.split() for word in _WORD_SPLIT_PATTERN.findall(chunk) if not word.isspace()]
-
-
-@cache
-def spacy_tokenizer(lang: str):
-    """The tokenizer of `spacy.blank(lang)` (created once per language); needs spaCy."""
-    try:
-        import spacy
-    except ImportError:
-        raise ImportError(
-            f"the word tokenizer 'spacy:{lang}' needs spaCy: pip install spacy-elmo (or pass pre-tokenized words "
-            "with is_split_into_words=True)"
-        ) from None
-    return spacy.blank(lang).tokenizer
-
-
-def spacy_split(lang: str, texts: Sequence[str]) -> list[list[str]]:
-    """Split raw texts into words with `spacy.blank(lang)`'s tokenizer: its tokens but whitespace ones (as the spaCy
-    component feeds the biLM). Lone surrogates (undecodable bytes read with "surrogateescape", UTF-16 debris), which
-    spaCy cannot hash, are split as if they were a letter (most often they are bytes of a mangled character inside a
-    word) and kept in the words: one code point each, so the offsets agree."""
-    safe = [_LONE_SURROGATE.sub("\u00e6", text) for text in texts]
-    return [
-        [text[token.idx : token.idx + len(token)] for token in doc if not token.is_space]
-        for text, doc in zip(texts, spacy_tokenizer(lang).pipe(safe))
-    ]
-
-
-def check_word_tokenizer(name: str | None) -> None:
-    """Fail on a word tokenizer name other than `None`, `"elmo"`, `"whitespace"` or `"spacy:<lang>"`."""
-    if name not in (None, "elmo", "whitespace") and not (name.startswith("spacy:") and len(name) > len("spacy:")):
-        raise ValueError(
-            f"unknown word tokenizer {name!r}; use 'whitespace', 'elmo' or 'spacy:<lang>' (e.g. 'spacy:en')"
-        )
-
-
-def split_into_words(text: str, word_tokenizer: str | None) -> list[str]:
-    """Split one raw text into words with the word tokenizer called `word_tokenizer` (see `check_word_tokenizer`):
-    `None` or `"elmo"`: `split_words`; `"whitespace"`: `str.split`; `"spacy:<lang>"`: `spacy.blank(lang)`'s tokenizer
-    (`spacy_split`)."""
-    if word_tokenizer is None or word_tokenizer == "elmo":
-        return split_words(text)
-    if word_tokenizer == "whitespace":
-        return text.split()
-    return spacy_split(word_tokenizer[len("spacy:") :], [text])[0]
-
 
 # Shared int objects for the ids (CPython caches only ints up to 256), so cached rows stay small.
 _ID_OBJECTS = tuple(range(PADDING_CHAR + 2))
@@ -188,6 +123,16 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         # "surrogatepass" keeps lone surrogates (UTF-16 debris) as bytes instead of dropping them.
         return _char_ids(word.encode("utf-8", "surrogatepass")[: self.max_characters_per_token - 2],
                          self.max_characters_per_token)
+
+    def batch_char_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
+        """The ids of a batch of word lists as the biLM reads them, `<S>` and `</S>` rows added: int64
+        (sentences, longest + 2, max_characters_per_token), rows of zeros after each sentence's `</S>`."""
+        width = max((len(words) for words in sentences), default=0) + 2
+        ids = np.zeros((len(sentences), width, self.max_characters_per_token), dtype=np.int64)
+        bos, eos = self.word_to_char_ids(str(self.bos_token)), self.word_to_char_ids(str(self.eos_token))
+        for row, words in enumerate(sentences):
+            ids[row, : len(words) + 2] = [bos, *map(self.word_to_char_ids, words), eos]
+        return ids
 
     def _sentence_words(self, text: Any, is_split_into_words: bool) -> list[str]:
         if is_split_into_words:
@@ -461,4 +406,4 @@ def _padding_strategy(padding: bool | str | PaddingStrategy) -> PaddingStrategy:
 
 ElmoCharTokenizer.register_for_auto_class()
 
-__all__ = ["ElmoCharTokenizer", "split_words"]
+__all__ = ["ElmoCharTokenizer"]

@@ -137,7 +137,7 @@ def test_the_shipped_training_configs_fit_the_default_model(task, model):
 def test_undecodable_bytes_and_lone_surrogates_pass_through_spacy_splitting(tokenizer, tmp_path):
     """spaCy cannot hash lone surrogates (what `surrogateescape` makes of invalid UTF-8): they are split as letters
     and kept in the words, in the tokenizer, `elmo embed` and the training text alike."""
-    from hf_elmo.training.text import get_word_tokenizer
+    from hf_elmo.text import get_word_tokenizer
 
     assert tokenizer.tokenize("a \udc80 b") == ["a", "\udc80", "b"]
     assert tokenizer.tokenize("caf\udce9, ok.") == ["caf\udce9", ",", "ok", "."]

@@ -19,7 +19,8 @@ from elmo_fixtures import ALLENNLP, require
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, split_words
 from hf_elmo.convert import convert
-from hf_elmo.embed import ElmoEmbedder, embed_file, embed_file_in_parts, length_batches, open_writer, read_lines
+from hf_elmo.embed import ElmoEmbedder, embed_file, embed_file_in_parts, open_writer
+from hf_elmo.text import length_batches, read_lines
 
 FIXTURES = ALLENNLP
 TINY_CONFIG = dict(char_embedding_dim=4, filters=[[1, 4], [2, 8], [3, 16]], n_highway=1, lstm_dim=32, projection_dim=8)

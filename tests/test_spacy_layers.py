@@ -52,6 +52,33 @@ def test_scalar_mix_is_gamma_times_softmax_weighted_sum():
     np.testing.assert_allclose(default.predict(Xs)[0], Xs[0].mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_scalar_mix_agrees_with_elmo_scalar_mix(layer_norm):
+    """The Thinc mix and `hf_elmo.ElmoScalarMix` compute the same function and gradients of s, gamma and the
+    layers, with the paper's regulariser. With layer norm both normalise over one sentence's values: the Thinc mix
+    over a Doc's rows (one sentence each here; a Doc of several sentences is normalised as a whole)."""
+    from hf_elmo import ElmoScalarMix
+
+    Xs = random_layers(3, lengths=(4, 7, 1))
+    rng = np.random.default_rng(4)
+    dYs = [rng.normal(size=X.shape[1:]).astype("float32") for X in Xs]
+    mix = make_mix(layer_norm=layer_norm, l2=0.01)
+    Ys, backprop = mix.begin_update(Xs)
+    dXs = backprop(dYs)
+    reference = ElmoScalarMix(3, do_layer_norm=layer_norm, initial_scalar_parameters=[0.1, 0.3, 0.5])
+    with torch.no_grad():
+        reference.gamma.fill_(1.1)
+    for X, Y, dY, dX in zip(Xs, Ys, dYs, dXs):
+        layers = torch.tensor(X[:, None], requires_grad=True)  # (layers, 1 sentence, words, width)
+        output = reference(layers, torch.ones(1, X.shape[1], dtype=torch.bool))[0]
+        np.testing.assert_allclose(Y, output.detach().numpy(), rtol=1e-5, atol=1e-5)
+        (output * torch.from_numpy(dY)).sum().backward()
+        np.testing.assert_allclose(dX, layers.grad[:, 0].numpy(), rtol=1e-4, atol=1e-5)
+    (0.01 * reference.l2_penalty()).backward()
+    np.testing.assert_allclose(mix.get_grad("s"), reference.scalar_parameters.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(mix.get_grad("gamma"), reference.gamma.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("layer_norm, l2", [(False, 0.0), (True, 0.0), (False, 1.0), (True, 0.001)])
 def test_scalar_mix_gradients_match_finite_differences(layer_norm, l2):
     """The gradient of sum(Y * dY) + l2 * ||s||^2 (the paper's regulariser)."""

@@ -4,6 +4,7 @@ atomic checkpoints, and `elmo pretrain` / `elmo evaluate` / `elmo build-vocab` e
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from typer.testing import CliRunner
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoModel
 from hf_elmo.cli import app
+from hf_elmo.text import get_word_tokenizer, read_lines
 from hf_elmo.training import (
     BidirectionalLMLoss,
     DataPosition,
@@ -35,7 +37,6 @@ from hf_elmo.training import (
     build_vocabulary,
     encode_batch,
     evaluate_model,
-    get_word_tokenizer,
     group_by_length,
     latest_checkpoint,
     load_checkpoint,
@@ -124,6 +125,30 @@ def test_vocabulary_is_built_from_streamed_plain_and_gzip_files(tmp_path):
     assert vocabulary.words == ["<S>", "</S>", "<UNK>", "the", "cat", "dog", "end"]
 
 
+def test_a_line_gives_the_same_char_ids_in_training_and_in_elmo_embed(tmp_path):
+    """Training reads corpus lines as `elmo embed` does (`hf_elmo.text.read_lines`): the BOM and `\r` dropped,
+    undecodable bytes kept as lone surrogates (whose words stay out of the softmax vocabulary, stored as UTF-8)."""
+    data = b"\xef\xbb\xbffirst line\r\nbad \xff\xfe byte\n\nend"
+    path = tmp_path / "corpus.txt.gz"
+    with gzip.open(path, "wb") as file:
+        file.write(data)
+    (tmp_path / "corpus.txt").write_bytes(data)
+    words = [line.split() for line in read_lines(io.BytesIO(data)) if line.split()]  # as `elmo embed` splits them
+    assert words == [["first", "line"], ["bad", "\udcff\udcfe", "byte"], ["end"]]
+    vocabulary = build_vocabulary([str(path), str(tmp_path / "corpus.txt")], get_word_tokenizer("whitespace"))
+    assert vocabulary.words[3:] == ["bad", "byte", "end", "first", "line"]  # each twice; no "\udcff\udcfe"
+    assert WordVocabulary.load(vocabulary.save(tmp_path / "vocab.txt")).words == vocabulary.words
+    tokenizer = ElmoCharTokenizer()
+    [batch] = LMBatches([str(path)], get_word_tokenizer("whitespace"), vocabulary, tokenizer, batch_tokens=100,
+                        shuffle=False)
+    embedded = tokenizer([words[i] for i in (1, 0, 2)], is_split_into_words=True, padding=True, return_tensors="pt")
+    assert torch.equal(batch["input_ids"], embedded["input_ids"])  # longest first
+    assert torch.equal(batch["attention_mask"], embedded["attention_mask"])
+    assert batch["labels"].tolist() == [[0, 3, 2, 4, 1], [0, 6, 7, 1, -100], [0, 5, 1, -100, -100]]
+    with pytest.raises(ValueError, match="undecodable"):
+        WordVocabulary(["<S>", "</S>", "<UNK>", "\udcff"])
+
+
 def test_word_tokenizers_by_name():
     assert get_word_tokenizer("whitespace")(["a  b\tc"]) == [["a", "b", "c"]]
     assert get_word_tokenizer("elmo")(["Don't stop."]) == [["Don", "'t", "stop", "."]]
@@ -154,8 +179,8 @@ def test_long_lines_are_cut_into_pieces_whose_inner_boundaries_are_no_targets():
 def test_batches_are_sorted_by_length_within_the_token_budget():
     segments = [Segment(tuple("x" * n)) for n in (5, 1, 3, 1, 8, 2)]
     batches = group_by_length(segments, batch_tokens=14)
-    assert [[len(s.words) for s in batch] for batch in batches] == [[1, 1, 2], [3, 5], [8]]
-    assert all(len(b) * (len(b[-1].words) + 2) <= 14 for b in batches[:-1])
+    assert [[len(s.words) for s in batch] for batch in batches] == [[8], [5, 3], [2, 1, 1]]
+    assert all(len(b) * (len(b[0].words) + 2) <= 14 for b in batches)
 
 
 def lines_of(dataset: LMBatches, epoch: int = 0) -> list[str]:

@@ -223,7 +223,7 @@ def neighbours(runner: Runner) -> tuple[str, dict]:
 
     from hf_elmo import ElmoModel, model_location
     from hf_elmo.embed import ElmoEmbedder
-    from hf_elmo.training.text import get_word_tokenizer
+    from hf_elmo.text import get_word_tokenizer
 
     model = ElmoModel.from_pretrained(model_location(runner.args.model))
     tokenize = get_word_tokenizer(model.config.word_tokenizer or "spacy:en")  # lines -> words per line

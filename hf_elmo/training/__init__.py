@@ -9,7 +9,6 @@ from .data import DataPosition, LMBatches, Segment, encode_batch, group_by_lengt
 from .evaluation import evaluate, evaluate_model, perplexities
 from .losses import BidirectionalLMLoss, full_softmax_loss, log_uniform_candidates, sampled_softmax_loss
 from .pretrain import PretrainArguments, parse_arguments, train
-from .text import expand_files, get_word_tokenizer
 from .vocabulary import VOCAB_FILE, WordVocabulary, build_vocabulary, count_corpus_words
 
 __all__ = [
@@ -25,9 +24,7 @@ __all__ = [
     "encode_batch",
     "evaluate",
     "evaluate_model",
-    "expand_files",
     "full_softmax_loss",
-    "get_word_tokenizer",
     "group_by_length",
     "latest_checkpoint",
     "load_checkpoint",

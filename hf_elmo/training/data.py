@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ..text import WordTokenizer, length_batches, read_lines
 from ..tokenization_elmo import ElmoCharTokenizer
-from .text import WordTokenizer, read_lines
-from .vocabulary import BOS, EOS, WordVocabulary
+from .vocabulary import WordVocabulary
 
 IGNORE_INDEX = -100
 
@@ -57,15 +57,9 @@ def split_line(words: Sequence[str], max_words: int | None) -> list[Segment]:
 
 
 def group_by_length(segments: Sequence[Segment], batch_tokens: int) -> list[list[Segment]]:
-    """Batches of segments sorted by length, each with at most `batch_tokens` padded positions (`<S>`/`</S>`
-    included); a segment longer than that is a batch alone."""
-    batches: list[list[Segment]] = []
-    for segment in sorted(segments, key=lambda s: len(s.words)):
-        if batches and (len(batches[-1]) + 1) * (len(segment.words) + 2) <= batch_tokens:
-            batches[-1].append(segment)
-        else:
-            batches.append([segment])
-    return batches
+    """Batches of segments, longest first, each with at most `batch_tokens` padded positions (`<S>`/`</S>`
+    included); a segment longer than that is a batch alone (`hf_elmo.text.length_batches`)."""
+    return [[segments[i] for i in batch] for batch in length_batches([len(s.words) for s in segments], batch_tokens)]
 
 
 def encode_batch(
@@ -74,15 +68,11 @@ def encode_batch(
     """Model inputs of a batch: `input_ids` (batch, positions, chars), `attention_mask` (batch, positions) and
     `labels` (batch, positions) = softmax ids of `<S>`, the words and `</S>`, -100 at padding and at the ends of
     pieces that are not the ends of a line."""
-    positions = max(len(s.words) for s in segments) + 2
-    input_ids = np.zeros((len(segments), positions, char_tokenizer.max_characters_per_token), dtype=np.int64)
-    attention_mask = np.zeros((len(segments), positions), dtype=np.int64)
-    labels = np.full((len(segments), positions), IGNORE_INDEX, dtype=np.int64)
-    bos, eos = char_tokenizer.word_to_char_ids(BOS), char_tokenizer.word_to_char_ids(EOS)
+    input_ids = char_tokenizer.batch_char_ids([segment.words for segment in segments])
+    attention_mask = (input_ids[:, :, 0] > 0).astype(np.int64)
+    labels = np.full(attention_mask.shape, IGNORE_INDEX, dtype=np.int64)
     for row, segment in enumerate(segments):
         length = len(segment.words) + 2
-        input_ids[row, :length] = [bos, *map(char_tokenizer.word_to_char_ids, segment.words), eos]
-        attention_mask[row, :length] = 1
         labels[row, :length] = vocabulary.encode(segment.words)
         if not segment.starts_line:
             labels[row, 0] = IGNORE_INDEX
@@ -101,7 +91,7 @@ class LMBatches(IterableDataset):
 
     Args:
         files: corpus files, one sentence or paragraph per line (`.gz` read compressed).
-        word_tokenizer: splits lines into words (see `hf_elmo.training.text`).
+        word_tokenizer: splits lines into words (see `hf_elmo.text`).
         vocabulary: softmax ids of the target words.
         char_tokenizer: character ids of the input words.
         batch_tokens: padded positions per batch.

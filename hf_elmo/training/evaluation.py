@@ -19,10 +19,10 @@ from transformers import AutoConfig
 
 from ..configuration_elmo import ElmoConfig
 from ..modeling_elmo import ElmoForBidirectionalLM
+from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer
 from .data import LMBatches
 from .losses import BidirectionalLMLoss
-from .text import expand_files, get_word_tokenizer
 from .vocabulary import WordVocabulary
 
 

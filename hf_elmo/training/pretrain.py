@@ -35,13 +35,13 @@ from transformers import AutoConfig, HfArgumentParser, get_scheduler
 from ..configuration_elmo import ElmoConfig
 from ..hub import CardMetadata, write_model_card
 from ..modeling_elmo import ElmoForBidirectionalLM, ElmoModel
+from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer
 from .card import describe_files, push_trained_model, training_source
 from .checkpointing import latest_checkpoint, load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from .data import DataPosition, LMBatches
 from .evaluation import evaluate, perplexities
 from .losses import BidirectionalLMLoss
-from .text import expand_files, get_word_tokenizer
 from .vocabulary import VOCAB_FILE, WordVocabulary, build_vocabulary
 
 logger = get_logger(__name__)

@@ -15,11 +15,17 @@ from pathlib import Path
 from tqdm.auto import tqdm
 from transformers.utils import cached_file
 
-from .text import WordTokenizer, read_lines
+from ..text import WordTokenizer, read_lines
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIAL_WORDS = (BOS, EOS, UNK)
 VOCAB_FILE = "vocab.txt"
+
+
+def _storable(word: str) -> bool:
+    """Whether `word` can be a line of `vocab.txt`: not empty, no whitespace (so no line break), and valid UTF-8
+    (no lone surrogates: the undecodable bytes `hf_elmo.text.read_lines` keeps)."""
+    return bool(word) and not any(char.isspace() or "\ud800" <= char <= "\udfff" for char in word)
 
 
 class WordVocabulary:
@@ -34,9 +40,11 @@ class WordVocabulary:
         if len(set(words)) != len(words):
             duplicate = next(word for word, count in Counter(words).items() if count > 1)
             raise ValueError(f"the word {duplicate!r} appears twice in the vocabulary")
-        bad = next((word for word in words if not word or word != word.strip() or "\n" in word), None)
+        bad = next((word for word in words if not _storable(word)), None)
         if bad is not None:
-            raise ValueError(f"vocabulary words cannot be empty or contain whitespace at their ends: {bad!r}")
+            raise ValueError(
+                f"vocabulary words cannot be empty, hold whitespace or undecodable bytes: {bad!r}"
+            )
         self.words = words
         self._ids = {word: index for index, word in enumerate(words)}
 
@@ -60,13 +68,10 @@ class WordVocabulary:
         cut to `max_size` entries in all (specials included)."""
         if max_size is not None and max_size < len(SPECIAL_WORDS):
             raise ValueError(f"max_size must leave room for {', '.join(SPECIAL_WORDS)} (>= 3), got {max_size}")
-        # A word with whitespace at its ends cannot be stored one per line; it stays out (predicted as <UNK>).
+        # A word that cannot be stored as a UTF-8 line stays out (predicted as <UNK>).
         ranked = sorted(
-            (
-                word
-                for word, count in counts.items()
-                if count >= min_count and word not in SPECIAL_WORDS and word and word == word.strip()
-            ),
+            (word for word, count in counts.items() if count >= min_count and word not in SPECIAL_WORDS
+             and _storable(word)),
             key=lambda word: (-counts[word], word),
         )
         words = [*SPECIAL_WORDS, *ranked]

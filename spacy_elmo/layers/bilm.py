@@ -21,6 +21,7 @@ from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, PyTorchShim, get_tor
 from thinc.types import Floats3d
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel
+from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
 from ..weights import load_pretrained
@@ -171,8 +172,10 @@ def bilm_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[lis
     segments = list(_segments(docs, settings.get_spans))
     tokenizer = char_tokenizer(config.max_characters_per_token)
     callbacks = []
-    for batch in _batches(segments, settings.max_batch_tokens):
-        hidden, backprop_batch = _run_batch(model.shims[0], _char_ids(tokenizer, batch), is_train)
+    for indices in length_batches([len(segment.words) for segment in segments], settings.max_batch_tokens):
+        batch = [segments[i] for i in indices]
+        ids = tokenizer.batch_char_ids([segment.words for segment in batch])
+        hidden, backprop_batch = _run_batch(model.shims[0], ids, is_train)
         hidden = torch2xp(hidden, ops=model.ops)  # (layers, rows, positions, width)
         for row, segment in enumerate(batch):
             outputs[segment.doc][:, segment.index(model)] = hidden[:, row, 1 : 1 + len(segment.tokens)]
@@ -201,27 +204,6 @@ def _segments(docs: Sequence[Doc], get_spans: SpanGetter) -> Iterator[_Segment]:
             if tokens:
                 indices = np.fromiter((token.i for token in tokens), dtype="int32", count=len(tokens))
                 yield _Segment(doc_index, indices, [token.text for token in tokens])
-
-
-def _batches(segments: list[_Segment], max_batch_tokens: int) -> Iterator[list[_Segment]]:
-    """Longest first; a batch's padded size (rows x (longest + 2 boundaries)) stays within the budget."""
-    batch: list[_Segment] = []
-    for segment in sorted(segments, key=lambda s: len(s.words), reverse=True):
-        if batch and (len(batch) + 1) * (len(batch[0].words) + 2) > max_batch_tokens:
-            yield batch
-            batch = []
-        batch.append(segment)
-    if batch:
-        yield batch
-
-
-def _char_ids(tokenizer: ElmoCharTokenizer, batch: list[_Segment]) -> np.ndarray:
-    """(rows, longest + 2, max_characters_per_token) ids with `<S>`/`</S>`; padding rows are zeros."""
-    ids = np.zeros((len(batch), len(batch[0].words) + 2, tokenizer.max_characters_per_token), dtype="int64")
-    bos, eos = tokenizer.word_to_char_ids(tokenizer.bos_token), tokenizer.word_to_char_ids(tokenizer.eos_token)
-    for row, segment in enumerate(batch):
-        ids[row, : len(segment.words) + 2] = [bos, *map(tokenizer.word_to_char_ids, segment.words), eos]
-    return ids
 
 
 def _run_batch(shim: ElmoShim, ids: np.ndarray, is_train: bool) -> tuple[torch.Tensor, Callable]:

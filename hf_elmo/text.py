@@ -1,0 +1,192 @@
+"""Raw text → words → length batches: the one home of how text reaches the biLM.
+
+Every user of the biLM goes through these steps, in this order: the tokenizer (`ElmoCharTokenizer`),
+`elmo embed` / `ElmoEmbedder`, the spaCy component's biLM layer and `elmo pretrain` / `elmo evaluate`.
+
+1. **Lines** (`read_lines`): files (`.gz` read compressed) or streams, UTF-8, split on `\\n` only, a `\\r` before
+   it and a leading BOM dropped. Bytes that are not valid UTF-8 never fail: each becomes a lone surrogate
+   U+DC80..U+DCFF (`surrogateescape`), so one line gives the same words in every command.
+2. **Words** (`split_into_words`, `get_word_tokenizer`): the word tokenizer a model was trained with, recorded in
+   its `config.word_tokenizer`:
+   * `"elmo"` (`split_words`): Moses-style, clitics and punctuation split off;
+   * `"whitespace"`: pre-tokenized text (`str.split`);
+   * `"spacy:<lang>"`, e.g. `"spacy:en"`: the tokens of `spacy.blank(lang)`'s tokenizer but whitespace ones, as
+     the spaCy component feeds the biLM (spaCy is a dependency of the package, imported on first use).
+3. **Length batches** (`length_batches`): sentences sorted longest first and grouped so that every padded batch
+   (`<S>` and `</S>` rows included) stays within a budget of positions.
+4. **Character ids** of a batch: `ElmoCharTokenizer.batch_char_ids` (`tokenization_elmo.py`).
+
+The biLM's outputs lose their `<S>`/`</S>` rows through `remove_sentence_boundaries` (`modeling_elmo.py`).
+This file is part of the Hub remote code (the tokenizer imports it), so it imports nothing else of the package.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+from collections.abc import Callable, Iterator, Sequence
+from functools import cache
+from pathlib import Path
+from typing import IO, BinaryIO
+
+import regex
+
+# Raw text is split Moses-style, as the released models' training text was: clitics split off
+# ("don't" -> "don 't"), each punctuation mark and each CJK character alone, while dotted abbreviations
+# ("U.S."), numbers with separators ("1,000.5"), hyphenated and apostrophe-free words stay whole.
+_LONE_SURROGATE = regex.compile(r"[\ud800-\udfff]")
+_CJK = r"\p{Han}\p{Hiragana}\p{Katakana}"
+_WORD_SPLIT_PATTERN = regex.compile(
+    rf"""(?:[^\W\d_{_CJK}]\.){{2,}}          # U.S., e.g.
+    |\d+(?:[.,:/]\d+)+                        # 1,000.5  12:30  1/2
+    |[^\W_{_CJK}]+(?:-[^\W_{_CJK}]+)*         # words, hyphenated words, numbers
+    |(?<=[^\W_])'[^\W_{_CJK}]+                # clitics after a letter: 's 't 're 'll
+    |[{_CJK}]                                 # one CJK character per token
+    |\X                                       # any other grapheme (punctuation, emoji, symbols)
+    """,
+    regex.VERBOSE,
+)
+
+# A word tokenizer splits a list of lines into a list of word lists (batched: spaCy tokenizes in batches).
+WordTokenizer = Callable[[Sequence[str]], list[list[str]]]
+
+
+# -- 1. lines ---------------------------------------------------------------------------------------------------
+
+
+def read_lines(
+    source: str | os.PathLike | BinaryIO | IO[str], on_bytes: Callable[[int], object] | None = None
+) -> Iterator[str]:
+    """The lines of a file (`.gz` read compressed) or of a byte or text stream, without line ends (streamed).
+
+    Lines end at `\\n` only (a `\\r` before it and a BOM at the start are dropped; other Unicode line breaks stay
+    inside the line). Bytes that are not valid UTF-8 never fail: they decode to lone surrogates U+DC80..U+DCFF,
+    from which `.encode("utf-8", "surrogateescape")` gives back the original bytes. `on_bytes` is called with the
+    size of every raw line (e.g. a progress bar's `update`).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        with gzip.open(source, "rb") if str(source).endswith(".gz") else open(source, "rb") as stream:
+            yield from read_lines(stream, on_bytes)
+        return
+    for index, raw in enumerate(source):
+        if on_bytes is not None:
+            on_bytes(len(raw))
+        line = (raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")).removesuffix("\n")
+        line = line.removesuffix("\r")
+        yield line.removeprefix("\ufeff") if index == 0 else line
+
+
+def expand_files(patterns: Sequence[str]) -> list[str]:
+    """Files matching the given paths or glob patterns, sorted within each pattern; fails on a pattern with none."""
+    files: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(str(Path(pattern).expanduser())))
+        if not matches:
+            raise FileNotFoundError(f"no file matches {pattern}")
+        files.extend(match for match in matches if Path(match).is_file())
+    return files
+
+
+# -- 2. words ---------------------------------------------------------------------------------------------------
+
+
+def split_words(text: str) -> list[str]:
+    """Split raw text into words: whitespace first, then punctuation and clitics (see the pattern's comment)."""
+    return [word for chunk in text.split() for word in _WORD_SPLIT_PATTERN.findall(chunk) if not word.isspace()]
+
+
+@cache
+def spacy_tokenizer(lang: str):
+    """The tokenizer of `spacy.blank(lang)` (created once per language); needs spaCy."""
+    try:
+        import spacy
+    except ImportError:
+        raise ImportError(
+            f"the word tokenizer 'spacy:{lang}' needs spaCy: pip install spacy-elmo (or pass pre-tokenized words "
+            "with is_split_into_words=True)"
+        ) from None
+    return spacy.blank(lang).tokenizer
+
+
+def spacy_split(lang: str, texts: Sequence[str]) -> list[list[str]]:
+    """Split raw texts into words with `spacy.blank(lang)`'s tokenizer: its tokens but whitespace ones (as the spaCy
+    component feeds the biLM). Lone surrogates (undecodable bytes read by `read_lines`, UTF-16 debris), which spaCy
+    cannot hash, are split as if they were a letter (most often they are bytes of a mangled character inside a
+    word) and kept in the words: one code point each, so the offsets agree."""
+    safe = [_LONE_SURROGATE.sub("\u00e6", text) for text in texts]
+    return [
+        [text[token.idx : token.idx + len(token)] for token in doc if not token.is_space]
+        for text, doc in zip(texts, spacy_tokenizer(lang).pipe(safe))
+    ]
+
+
+def check_word_tokenizer(name: str | None) -> None:
+    """Fail on a word tokenizer name other than `None`, `"elmo"`, `"whitespace"` or `"spacy:<lang>"`."""
+    if name not in (None, "elmo", "whitespace") and not (
+        isinstance(name, str) and name.startswith("spacy:") and len(name) > len("spacy:")
+    ):
+        raise ValueError(
+            f"unknown word tokenizer {name!r}; use 'whitespace', 'elmo' or 'spacy:<lang>' (e.g. 'spacy:en')"
+        )
+
+
+def split_into_words(text: str, word_tokenizer: str | None) -> list[str]:
+    """Split one raw text into words with the word tokenizer called `word_tokenizer` (`None` means `"elmo"`)."""
+    return get_word_tokenizer(word_tokenizer)([text])[0]
+
+
+def _whitespace(lines: Sequence[str]) -> list[list[str]]:
+    return [line.split() for line in lines]
+
+
+def _elmo(lines: Sequence[str]) -> list[list[str]]:
+    return [split_words(line) for line in lines]
+
+
+class SpacyWordTokenizer:
+    """The tokenizer of `spacy.blank(lang)` on lists of lines (`spacy_split`); picklable by name (DataLoader
+    worker processes)."""
+
+    def __init__(self, lang: str):
+        self.lang = lang
+        spacy_tokenizer(lang)  # fails now if spaCy is missing
+
+    def __call__(self, lines: Sequence[str]) -> list[list[str]]:
+        return spacy_split(self.lang, lines)
+
+    def __reduce__(self):
+        return SpacyWordTokenizer, (self.lang,)
+
+
+def get_word_tokenizer(name: str | None) -> WordTokenizer:
+    """The word tokenizer called `name` (`None` means `"elmo"`), splitting a list of lines into word lists."""
+    check_word_tokenizer(name)
+    if name is None or name == "elmo":
+        return _elmo
+    if name == "whitespace":
+        return _whitespace
+    return SpacyWordTokenizer(name[len("spacy:") :])
+
+
+# -- 3. length batches ------------------------------------------------------------------------------------------
+
+
+def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | None = None) -> list[list[int]]:
+    """Group sentence indices, longest first, so that every padded batch has at most `batch_tokens` positions
+    (and at most `batch_size` sentences, when given).
+
+    A sentence of n words takes n + 2 positions (`<S>`, `</S>`); one longer than the budget is a batch of its own.
+    """
+    batches: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        # The first sentence of a batch is its longest, so it sets the padded width.
+        if (
+            batches
+            and (batch_size is None or len(batches[-1]) < batch_size)
+            and (len(batches[-1]) + 1) * (lengths[batches[-1][0]] + 2) <= batch_tokens
+        ):
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
