@@ -145,8 +145,10 @@ def test_a_line_gives_the_same_char_ids_in_training_and_in_elmo_embed(tmp_path):
     assert torch.equal(batch["input_ids"], embedded["input_ids"])  # longest first
     assert torch.equal(batch["attention_mask"], embedded["attention_mask"])
     assert batch["labels"].tolist() == [[0, 3, 2, 4, 1], [0, 6, 7, 1, -100], [0, 5, 1, -100, -100]]
-    with pytest.raises(ValueError, match="undecodable"):
-        WordVocabulary(["<S>", "</S>", "<UNK>", "\udcff"])
+    for bad in ("\udcff", "a\nb", "a\rb", " a"):
+        with pytest.raises(ValueError, match="undecodable"):
+            WordVocabulary(["<S>", "</S>", "<UNK>", bad])
+    assert WordVocabulary(["<S>", "</S>", "<UNK>", "a\xa0b"]).words[3] == "a\xa0b"  # bilm-tf files load as before
 
 
 def test_word_tokenizers_by_name():

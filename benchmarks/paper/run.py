@@ -90,7 +90,7 @@ class Runner:
         train_path = self.corpus(task, "train")
         n_train = len(spacy.tokens.DocBin().from_disk(train_path))
         # model-best is chosen by the score reported (accuracy for SST, where spaCy's default is macro F).
-        selection = {f"training.score_weights.{key}": 1.0 if key == score_key else 0.0
+        selection = {f"training.score_weights.{key}": 0.0
                      for key, weight in config["training"]["score_weights"].items() if weight is not None}
         overrides = {
             **selection, f"training.score_weights.{score_key}": 1.0,

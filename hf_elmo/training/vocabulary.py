@@ -23,9 +23,11 @@ VOCAB_FILE = "vocab.txt"
 
 
 def _storable(word: str) -> bool:
-    """Whether `word` can be a line of `vocab.txt`: not empty, no whitespace (so no line break), and valid UTF-8
-    (no lone surrogates: the undecodable bytes `hf_elmo.text.read_lines` keeps)."""
-    return bool(word) and not any(char.isspace() or "\ud800" <= char <= "\udfff" for char in word)
+    """Whether `word` reads back as one line of `vocab.txt`: not empty, no whitespace at its ends, no line break,
+    and valid UTF-8 (no lone surrogates: the undecodable bytes `hf_elmo.text.read_lines` keeps)."""
+    return bool(word) and word == word.strip() and not any(
+        char in "\n\r" or "\ud800" <= char <= "\udfff" for char in word
+    )
 
 
 class WordVocabulary:
@@ -43,7 +45,8 @@ class WordVocabulary:
         bad = next((word for word in words if not _storable(word)), None)
         if bad is not None:
             raise ValueError(
-                f"vocabulary words cannot be empty, hold whitespace or undecodable bytes: {bad!r}"
+                "vocabulary words cannot be empty, have whitespace at their ends, line breaks or undecodable "
+                f"bytes: {bad!r}"
             )
         self.words = words
         self._ids = {word: index for index, word in enumerate(words)}
