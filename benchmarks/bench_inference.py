@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, modeling_elmo
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel
 from hf_elmo.convert import export_hdf5
-from hf_elmo.modeling_elmo import TOKEN_CACHE_SIZE
+from hf_elmo.kernels import onednn_available
 
 WORKER = Path(__file__).with_name("allennlp_worker.py")
 
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--matmuls", choices=["onednn", "mkl"], default="onednn",
                         help="this project's CPU matmuls: oneDNN (the default) or F.linear (MKL), to compare")
     args = parser.parse_args()
-    modeling_elmo.USE_ONEDNN = args.matmuls == "onednn"
+    options = ElmoKernelOptions(onednn=args.matmuls == "onednn")
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
@@ -101,7 +101,7 @@ def main() -> None:
     device_batches, device_single = on_device[:-1], on_device[-1]
     n_tokens = args.sentences * args.length
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
-        f"matmuls: {'oneDNN' if args.matmuls == 'onednn' and modeling_elmo.onednn_available() else 'F.linear'}")
+        f"matmuls: {'oneDNN' if options.onednn and onednn_available() else 'F.linear'}")
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
           f"{where}")
@@ -116,13 +116,19 @@ def main() -> None:
     for name in args.presets.split(","):
         torch.manual_seed(0)
         model = ElmoModel(ElmoConfig.from_preset(name)).eval().to(device)
+        model.kernel_options = options
+        # Packed LSTM weights kept between calls; token representations too in the "cached" column.
+        packed_only, cached = ElmoInferenceCache(token_cache_size=0), ElmoInferenceCache()
         with torch.inference_mode():
-            model.set_token_cache_size(0)
-            seconds = median_seconds(lambda m=model: [m(**b) for b in device_batches], args.repeats, device)
-            latency = median_seconds(lambda m=model: m(**device_single), args.repeats * 4, device)
+            seconds = median_seconds(
+                lambda m=model, c=packed_only: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
+            )
+            latency = median_seconds(lambda m=model, c=packed_only: m(**device_single, inference_cache=c),
+                                     args.repeats * 4, device)
             ours_first = [layer.cpu().numpy() for layer in model(**device_batches[0]).hidden_states]
-            model.set_token_cache_size(TOKEN_CACHE_SIZE)
-            cached_seconds = median_seconds(lambda m=model: [m(**b) for b in device_batches], args.repeats, device)
+            cached_seconds = median_seconds(
+                lambda m=model, c=cached: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
+            )
         row = f"{name:<9} {n_tokens / seconds:>9.0f} {latency * 1e3:>10.1f} {n_tokens / cached_seconds:>12.0f}"
         if args.allennlp_python:
             with tempfile.TemporaryDirectory() as folder:

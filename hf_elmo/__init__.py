@@ -12,6 +12,7 @@ from transformers import (
 )
 
 from .configuration_elmo import PRESETS, ElmoConfig
+from .kernels import ElmoInferenceCache, ElmoKernelOptions
 from .modeling_elmo import (
     ElmoBidirectionalLMOutput,
     ElmoForBidirectionalLM,
@@ -59,6 +60,8 @@ __all__ = [
     "ElmoForBidirectionalLM",
     "ElmoForSequenceClassification",
     "ElmoForTokenClassification",
+    "ElmoInferenceCache",
+    "ElmoKernelOptions",
     "ElmoModel",
     "ElmoModelOutput",
     "ElmoPreTrainedModel",

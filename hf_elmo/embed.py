@@ -28,6 +28,7 @@ from numpy.lib import format as npy_format
 from tqdm import tqdm
 
 from . import DEFAULT_MODEL_NAME, model_location
+from .kernels import ElmoInferenceCache
 from .modeling_elmo import ElmoModel, ElmoScalarMix, remove_sentence_boundaries
 from .text import length_batches, read_lines, split_into_words
 from .tokenization_elmo import ElmoCharTokenizer
@@ -141,6 +142,8 @@ class ElmoEmbedder:
         self.buffer_tokens = buffer_tokens or 4 * batch_tokens
         self.batch_size = batch_size
         self.max_sentence_words = max_sentence_words
+        # Token representations of the 20,000 most recently seen words and the packed LSTM weights, across calls.
+        self.inference_cache = ElmoInferenceCache()
         self._set_layers(layers, scalar_parameters, gamma)
 
     def _set_layers(self, layers: str, scalar_parameters: Sequence[float] | None = None, gamma: float = 1.0) -> None:
@@ -177,7 +180,8 @@ class ElmoEmbedder:
             [list(words) for words in sentences], is_split_into_words=True, padding=True, return_tensors="pt"
         )
         mask = encoded["attention_mask"].to(self.device)
-        return self.model(encoded["input_ids"].to(self.device), mask).hidden_states, mask
+        input_ids = encoded["input_ids"].to(self.device)
+        return self.model(input_ids, mask, inference_cache=self.inference_cache).hidden_states, mask
 
     @torch.inference_mode()
     def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,10 @@
-"""Model cards for ELMo `save_pretrained` directories and Hub repos, and pushing a model to the Hub with its card.
+"""Model cards for ELMo `save_pretrained` directories and Hub repos, and every upload to the Hub.
 
-`model.push_to_hub(repo_id)` on an `ElmoModel` / `ElmoForBidirectionalLM` gets the card of `build_model_card`
-through `replace_generic_model_card` (see `ElmoPreTrainedModel.push_to_hub`); `push_to_hub` below uploads model,
-tokenizer and card in one commit.
+Uploads go through `push_directory` (create the repo, upload a directory in one commit): `push_to_hub` (a model,
+its tokenizer and card) and `elmo pretrain --push_to_hub` (a trained directory, without its checkpoints) use it.
+transformers' own `model.push_to_hub(repo_id)` on an `ElmoModel` / `ElmoForBidirectionalLM` keeps its semantics and
+then gets the card of `build_model_card` through `replace_generic_model_card` (see
+`ElmoPreTrainedModel.push_to_hub`).
 """
 
 from __future__ import annotations
@@ -296,12 +298,28 @@ def push_to_hub(
     Creates the repo if needed. The card replaces any README.md already in the repo. Without `tokenizer`, the
     `ElmoCharTokenizer` matching the model's config is uploaded.
     """
-    api = HfApi()
-    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+    repo_id = HfApi().create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
     if tokenizer is None:
         tokenizer = ElmoCharTokenizer.for_model(model.config)
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         model_card(model, repo_id, source).save(Path(folder) / "README.md")
-        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message, token=token)
+        return push_directory(folder, repo_id, commit_message=commit_message, token=token)
+
+
+def push_directory(
+    directory: str | os.PathLike,
+    repo_id: str,
+    *,
+    ignore_patterns: list[str] | None = None,
+    commit_message: str = "Upload ELMo model",
+    private: bool | None = None,
+    token: str | bool | None = None,
+) -> CommitInfo:
+    """Upload the files of `directory` (but those matching `ignore_patterns`) to `repo_id` in one commit, creating
+    the repo if needed."""
+    api = HfApi()
+    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+    return api.upload_folder(repo_id=repo_id, folder_path=str(Path(directory)), ignore_patterns=ignore_patterns,
+                             commit_message=commit_message, token=token)

@@ -13,12 +13,8 @@ depend on the other rows of its batch. `final_state` + `initial_state` reproduce
 from __future__ import annotations
 
 import math
-import threading
-import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import NoReturn
 
 import torch
@@ -30,28 +26,12 @@ from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassif
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_elmo import ElmoConfig
+from .kernels import ElmoInferenceCache, ElmoKernelOptions, both_directions, fused_lstm, linear, packed_lstm_weights
 
 # TensorFlow's LSTMCell adds this to the forget gate at run time; it is not part of the stored bias.
 FORGET_BIAS = 1.0
-# Unique words embedded per char-CNN call (bounds the memory of the convolution outputs).
-CHAR_CNN_CHUNK = 1024
-# Time steps whose input projections are computed in one matmul (bounds memory on long sentences).
-LSTM_TIME_CHUNK = 128
-# Distinct words whose token representation is kept for inference (see `ElmoModel.set_token_cache_size`).
-TOKEN_CACHE_SIZE = 20_000
-# Largest per-direction weight (elements) for which a one-row LSTM step uses one batched MKL matmul for both
-# directions rather than two oneDNN calls (~15 µs fixed cost each). Measured on the development CPU (latency of one
-# 20-word sentence): small model 12.4 -> 10.1 ms with its 0.5M-element weights; with 2M-element weights both are on
-# par (medium) or oneDNN is faster (original).
-SINGLE_ROW_BMM_MAX_WEIGHT = 1 << 20
 # Character id that fills a word's row after its end-of-word character (bilm-tf's 260, shifted by one).
 PADDING_CHAR_ID = 261
-
-# oneDNN's float32 matmul: the same IEEE float32 arithmetic as MKL's, summed in another order (outputs differ by
-# ~1e-6), and 2-3x faster on CPUs where MKL only takes its AVX2 path (e.g. AMD EPYC). `linear` uses it for CPU
-# inference through the oneDNN linear ops PyTorch builds for its own CPU compiler backend (private, so checked
-# here; without them everything runs through `F.linear`). Set to False to use `F.linear` (MKL) everywhere.
-USE_ONEDNN = True
 
 # (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
 # direction 0 is the forward LM, 1 the backward LM.
@@ -92,57 +72,11 @@ class ElmoBidirectionalLMOutput(ModelOutput):
     final_state: ElmoState | None = None
 
 
-@cache
-def onednn_available() -> bool:
-    """Whether this torch build computes float32 linears through oneDNN (checked on first use, not at import, so
-    that oneDNN's settings from the environment can still be made before)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 2))
-        output = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), weight, None, "none", [], "")
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return torch.equal(output, torch.full((1, 3), 2.0))
-
-
-def onednn_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast (compilers
-    and `torch.export` get `F.linear`)."""
-    return (
-        USE_ONEDNN
-        and not torch.compiler.is_compiling()
-        and onednn_available()
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and not torch.is_autocast_enabled("cpu")
-    )
-
-
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, add: torch.Tensor | None = None
-) -> torch.Tensor:
-    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be `pack_weight`'s."""
-    if weight.is_mkldnn or onednn_usable(x, weight):
-        if add is not None:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, add, weight, bias, "add")
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    output = F.linear(x, weight, bias)
-    return output if add is None else output + add
-
-
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """(N, K) weight → a copy in oneDNN's blocked layout for `linear`: the same results, and without the per-call
-    reordering (1.5-2.5x faster for matmuls of few rows, as in the LSTM recurrence)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-
-
 class ElmoLinear(nn.Linear):
-    """`nn.Linear` computed by `linear`."""
+    """`nn.Linear` computed by `kernels.linear`."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, options)
 
 
 class ElmoHighwayLayer(ElmoLinear):
@@ -160,10 +94,10 @@ class ElmoHighway(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ElmoHighwayLayer(dim, 2 * dim) for _ in range(n_layers))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
         """(words, F) → (words, F)"""
         for layer in self.layers:
-            transform, carry = layer(x).chunk(2, dim=-1)
+            transform, carry = layer(x, options).chunk(2, dim=-1)
             gate = torch.sigmoid(carry)
             x = gate * F.relu(transform) + (1 - gate) * x
         return x
@@ -183,37 +117,31 @@ class ElmoCharCNN(nn.Module):
         self.highway = ElmoHighway(config.n_filters, config.n_highway)
         # bilm-tf projects only when the CNN width differs from the LSTM input width.
         self.projection = (
-            ElmoLinear(config.n_filters, config.projection_dim)
-            if config.n_filters != config.projection_dim
-            else nn.Identity()
+            ElmoLinear(config.n_filters, config.projection_dim) if config.n_filters != config.projection_dim else None
         )
         self.output_dim = config.projection_dim
-        # Inference-only cache: a word's character ids (bytes) → its representation, least recently used first.
-        self.cache_size = TOKEN_CACHE_SIZE
-        self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self._cache_state: tuple = ()
-        self._cache_lock = threading.Lock()  # callers in several threads share the cache
 
-    def __getstate__(self) -> dict:
-        """Pickles (e.g. for worker processes) and deep copies leave the cache and its lock behind."""
-        state = {**super().__getstate__(), "_cache": OrderedDict(), "_cache_state": ()}
-        del state["_cache_lock"]
-        return state
+    def token_representation(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+        """(words, chars) character ids → (words, projection_dim): the paper's char CNN, highway and projection."""
+        chars = self.char_embedding(char_ids)  # (words, chars, char_dim)
+        pooled = []
+        for conv in self.convs:
+            # The convolution as one matmul of every window (words, windows, char_dim * width) with the filters
+            # (n_filters, char_dim * width), the layout of Conv1d's weight; 2-3x faster than Conv1d on CPU.
+            windows = chars.unfold(1, conv.kernel_size[0], 1).flatten(2)
+            # Max-pool over positions, then the activation (the original order).
+            pooled.append(self.activation(linear(windows, conv.weight.flatten(1), conv.bias, options).amax(dim=1)))
+        highway = self.highway(torch.cat(pooled, dim=-1), options)
+        return highway if self.projection is None else self.projection(highway, options)
 
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self._cache_lock = threading.Lock()
-
-    def clear_cache(self) -> None:
-        """Forget every cached token representation."""
-        with self._cache_lock:
-            self._cache.clear()
-
-    def embed_words(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(words, chars) character ids → (words, projection_dim), in chunks of `CHAR_CNN_CHUNK` words."""
+    def embed_words(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+        """(words, chars) character ids → (words, projection_dim), in chunks of `options.char_cnn_chunk` words,
+        each cut after the character positions it uses."""
         if not len(char_ids):
             return self.char_embedding.weight.new_zeros(0, self.output_dim)
-        return torch.cat([self._embed_chunk(chunk) for chunk in char_ids.split(CHAR_CNN_CHUNK)])
+        chunks = char_ids.split(options.char_cnn_chunk)
+        return torch.cat([self.token_representation(chunk[:, : self._used_positions(chunk)], options)
+                          for chunk in chunks])
 
     def _used_positions(self, char_ids: torch.Tensor) -> int:
         """How many leading character positions of (words, chars) ids the max-pool needs to see.
@@ -226,64 +154,30 @@ class ElmoCharCNN(nn.Module):
         last = int(used[-1]) if len(used) else -1
         return min(char_ids.shape[1], last + 1 + self.widest_filter)
 
-    def _embed_chunk(self, char_ids: torch.Tensor) -> torch.Tensor:
-        return self.token_representation(char_ids[:, : self._used_positions(char_ids)])
-
-    def token_representation(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(words, chars) character ids → (words, projection_dim): the paper's char CNN, highway and projection."""
-        chars = self.char_embedding(char_ids)  # (words, chars, char_dim)
-        pooled = []
-        for conv in self.convs:
-            # The convolution as one matmul of every window (words, windows, char_dim * width) with the filters
-            # (n_filters, char_dim * width), the layout of Conv1d's weight; 2-3x faster than Conv1d on CPU.
-            windows = chars.unfold(1, conv.kernel_size[0], 1).flatten(2)
-            # Max-pool over positions, then the activation (the original order).
-            pooled.append(self.activation(linear(windows, conv.weight.flatten(1), conv.bias).amax(dim=1)))
-        return self.projection(self.highway(torch.cat(pooled, dim=-1)))
-
-    def _embed_words_cached(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """`embed_words` through the cache; it is emptied whenever a weight, the device, the dtype or the autocast
-        setting changes. Thread-safe: the cache is read and updated under a lock, the CNN runs outside it."""
-        weight = self.char_embedding.weight
-        device = weight.device.type
-        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        # In-place updates bump `_version`; optimizers that assign `.data` (e.g. Thinc's) change the pointer.
-        state = (weight.device, weight.dtype, autocast, tuple((p.data_ptr(), p._version) for p in self.parameters()))
-        keys = [row.tobytes() for row in char_ids.cpu().numpy()]
-        if not keys:
-            return self.embed_words(char_ids)
-        with self._cache_lock:
-            if state != self._cache_state:
-                self._cache.clear()
-                self._cache_state = state
-            found = {key: self._cache[key] for key in keys if key in self._cache}
-        missing = [i for i, key in enumerate(keys) if key not in found]
-        found.update((keys[i], vector.clone()) for i, vector in zip(missing, self.embed_words(char_ids[missing])))
-        with self._cache_lock:
-            if state == self._cache_state:  # not if the weights changed meanwhile
-                for key in keys:  # most recently used last (other threads may have evicted some meanwhile)
-                    self._cache[key] = found[key]
-                    self._cache.move_to_end(key)
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-        return torch.stack([found[key] for key in keys])
-
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        options: ElmoKernelOptions,
+        inference_cache: ElmoInferenceCache | None = None,
+    ) -> torch.Tensor:
         """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim).
 
-        Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
-        needed); padded positions are zeros. Traced (`torch.compile`, `torch.export`), every position goes through
-        the CNN: the same values, without shapes that depend on the data.
+        Each distinct word of the batch goes through the CNN once (or comes from `inference_cache` when no gradient
+        is needed); padded positions are zeros. Traced (`torch.compile`, `torch.export`), every position goes
+        through the CNN: the same values, without shapes that depend on the data.
         """
         if torch.compiler.is_compiling():
-            embedded = self.token_representation(input_ids.flatten(0, 1)).view(*input_ids.shape[:2], -1)
+            embedded = self.token_representation(input_ids.flatten(0, 1), options).view(*input_ids.shape[:2], -1)
             return embedded * mask[..., None]
         words, inverse = torch.unique(input_ids[mask], dim=0, return_inverse=True)
         needs_grad = torch.is_grad_enabled() and self.char_embedding.weight.requires_grad
-        if self.cache_size > 0 and not needs_grad:
-            embedded = self._embed_words_cached(words)
+        if inference_cache is not None and not needs_grad:
+            embedded = inference_cache.token_representations(
+                words, list(self.parameters()), lambda ids: self.embed_words(ids, options)
+            )
         else:
-            embedded = self.embed_words(words)
+            embedded = self.embed_words(words, options)
         output = embedded.new_zeros(*input_ids.shape[:2], self.output_dim)
         return output.index_put((mask,), embedded[inverse])
 
@@ -307,25 +201,6 @@ class ElmoLstmLayer(nn.Module):
         self.projection_weight = nn.Parameter(torch.empty(2, hidden, cell)) if hidden < cell else None
         self.cell_clip = config.cell_clip
         self.proj_clip = config.proj_clip if hidden < cell else None
-        # Inference-only: the per-step weights packed for oneDNN, and the weight versions they were packed from.
-        self._packed: tuple = ()
-        self._packed_state: tuple = ()
-
-    def __getstate__(self) -> dict:
-        """Pickles and deep copies leave the packed weights behind."""
-        return {**super().__getstate__(), "_packed": (), "_packed_state": ()}
-
-    def _packed_weights(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor] | None] | None:
-        """The recurrent and projection weights per direction packed for oneDNN (see `pack_weight`) when `linear`
-        would use oneDNN for `x`, else None. Packed once, and again whenever a weight changes."""
-        if not onednn_usable(x, self.recurrent_weight):
-            return None
-        weights = (self.recurrent_weight, self.projection_weight)
-        state = tuple((w.data_ptr(), w._version) for w in weights if w is not None)
-        if state != self._packed_state:
-            self._packed = tuple([pack_weight(d) for d in w.unbind()] if w is not None else None for w in weights)
-            self._packed_state = state
-        return self._packed
 
     def _bias_with_forget_bias(self) -> torch.Tensor:
         """(2, 4D) bias with `FORGET_BIAS` added to the forget gate, as TensorFlow's cell does (gates i, j, f, o)."""
@@ -333,23 +208,12 @@ class ElmoLstmLayer(nn.Module):
         return torch.cat([self.bias[:, : 2 * cell], self.bias[:, 2 * cell : 3 * cell] + FORGET_BIAS,
                           self.bias[:, 3 * cell :]], dim=1)
 
-    @staticmethod
-    def _both_directions(
-        x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor] | None, add: list[torch.Tensor] | None = None
-    ) -> torch.Tensor:
-        """x (2, n, K) @ weight (2, N, K)ᵀ per direction, + add (one (n, N) per direction) → (2, n, N).
-
-        Through oneDNN with the packed weights; one batched matmul (MKL) without them, and for a single row with a
-        weight of at most `SINGLE_ROW_BMM_MAX_WEIGHT` elements, where oneDNN's fixed cost per call dominates.
-        """
-        if packed is not None and (x.shape[1] > 1 or weight[0].numel() > SINGLE_ROW_BMM_MAX_WEIGHT):
-            return torch.stack([linear(x[d], packed[d], add=None if add is None else add[d]) for d in range(2)])
-        if add is None:
-            return torch.bmm(x, weight.transpose(1, 2))
-        return torch.baddbmm(torch.stack(add), x, weight.transpose(1, 2))
-
     def _cell(
-        self, gates: torch.Tensor, c: torch.Tensor, packed_projection: list[torch.Tensor] | None
+        self,
+        gates: torch.Tensor,
+        c: torch.Tensor,
+        options: ElmoKernelOptions,
+        packed_projection: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of both directions from the gate pre-activations (2, n, 4D) and the cell c (2, n, D): the new
         (h (2, n, P), c), clipped where the model clips."""
@@ -361,13 +225,17 @@ class ElmoLstmLayer(nn.Module):
             c = c.clamp(-self.cell_clip, self.cell_clip)
         h = output_gate * torch.tanh(c)
         if self.projection_weight is not None:
-            h = self._both_directions(h, self.projection_weight, packed_projection)
+            h = both_directions(h, self.projection_weight, packed_projection, options)
         if self.proj_clip is not None:
             h = h.clamp(-self.proj_clip, self.proj_clip)
         return h, c
 
     def forward_masked(
-        self, inputs: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+        self,
+        inputs: torch.Tensor,
+        mask: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        options: ElmoKernelOptions,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """`forward` with every row computed at every step and its state kept where `mask` (batch, steps) is False:
         no shapes or branches that depend on the data, for `torch.compile` and `torch.export` (the recurrence is
@@ -378,7 +246,7 @@ class ElmoLstmLayer(nn.Module):
         outputs = []
         for step in range(inputs.shape[2]):
             new_h, new_c = self._cell(torch.baddbmm(projected[:, :, step], h, self.recurrent_weight.transpose(1, 2)),
-                                      c, None)
+                                      c, options)
             active = mask[:, step, None]  # (batch, 1)
             h, c = torch.where(active, new_h, h), torch.where(active, new_c, c)
             outputs.append(new_h * active)
@@ -387,43 +255,19 @@ class ElmoLstmLayer(nn.Module):
     def forward_fused(
         self, inputs: torch.Tensor, lengths: list[int], state: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """`forward` through `nn.LSTM(proj_size=P)` (cuDNN on a GPU), one call per direction over packed sequences;
-        `lengths` (batch,) in decreasing order. It has no cell or projection clipping: the same function for models
-        trained without clipping, an approximation for clipped ones."""
-        _, batch, steps, input_dim = inputs.shape
-        cell, hidden = self.recurrent_weight.shape[1] // 4, self.recurrent_weight.shape[2]
-        started = sum(1 for n in lengths if n > 0)  # nn.LSTM takes no empty rows: they keep zeros and their state
-        if started == 0:
-            return inputs.new_zeros(2, batch, steps, hidden), state
-        # TensorFlow's gate order (i, j, f, o) → PyTorch's (i, f, g, o).
-        gates = torch.arange(4 * cell, device=inputs.device).view(4, cell)[[0, 2, 1, 3]].flatten()
-        bias = self._bias_with_forget_bias()
-        lstm = nn.LSTM(input_dim, cell, proj_size=hidden if self.projection_weight is not None else 0,
-                       batch_first=True, device="meta")
-        outputs, final_h, final_c = [], [], []
-        for d in range(2):
-            weights = {
-                "weight_ih_l0": self.input_weight[d][gates],
-                "weight_hh_l0": self.recurrent_weight[d][gates],
-                "bias_ih_l0": bias[d][gates],
-                "bias_hh_l0": torch.zeros_like(bias[d]),
-            }
-            if self.projection_weight is not None:
-                weights["weight_hr_l0"] = self.projection_weight[d]
-            packed = nn.utils.rnn.pack_padded_sequence(inputs[d, :started], torch.tensor(lengths[:started]),
-                                                       batch_first=True)
-            initial = (state[0][d : d + 1, :started].contiguous(), state[1][d : d + 1, :started].contiguous())
-            with warnings.catch_warnings():  # weights gathered per call (gate order): cuDNN cannot keep them flat
-                warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
-                output, (h, c) = torch.func.functional_call(lstm, weights, (packed, initial))
-            output, _ = nn.utils.rnn.pad_packed_sequence(output, batch_first=True, total_length=steps)
-            outputs.append(F.pad(output, (0, 0, 0, 0, 0, batch - started)))
-            final_h.append(torch.cat([h[0], state[0][d, started:]]))
-            final_c.append(torch.cat([c[0], state[1][d, started:]]))
-        return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
+        """`forward` through `nn.LSTM(proj_size=P)` (cuDNN on a GPU, `kernels.fused_lstm`); `lengths` (batch,) in
+        decreasing order. Without cell or projection clipping: the same function for models trained without
+        clipping, an approximation for clipped ones."""
+        return fused_lstm(inputs, lengths, state, self.input_weight, self.recurrent_weight,
+                          self._bias_with_forget_bias(), self.projection_weight)
 
     def forward(
-        self, inputs: torch.Tensor, batch_sizes: list[int], state: tuple[torch.Tensor, torch.Tensor]
+        self,
+        inputs: torch.Tensor,
+        batch_sizes: list[int],
+        state: tuple[torch.Tensor, torch.Tensor],
+        options: ElmoKernelOptions,
+        inference_cache: ElmoInferenceCache | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Run both directions over `inputs` (2, batch, steps, input_dim), in processing order.
 
@@ -434,16 +278,18 @@ class ElmoLstmLayer(nn.Module):
         _, batch, steps, input_dim = inputs.shape
         started = batch_sizes[0] if steps else 0  # rows with at least one position
         h, c = state[0][:, :started], state[1][:, :started]
-        packed_recurrent, packed_projection = self._packed_weights(inputs) or (None, None)
+        packed_recurrent, packed_projection = packed_lstm_weights(
+            (self.recurrent_weight, self.projection_weight), inputs, options, inference_cache
+        ) or (None, None)
         bias = self._bias_with_forget_bias()
         outputs, finished_h, finished_c = [], [], []
-        for start in range(0, steps, LSTM_TIME_CHUNK):
+        for start in range(0, steps, options.lstm_time_chunk):
             active = batch_sizes[start]
             if active == 0:
                 break
-            window = inputs[:, :active, start : start + LSTM_TIME_CHUNK]
+            window = inputs[:, :active, start : start + options.lstm_time_chunk]
             # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
-            projected = [linear(window[d], self.input_weight[d], bias[d]).unbind(1) for d in range(2)]
+            projected = [linear(window[d], self.input_weight[d], bias[d], options).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
                 if n == 0:
@@ -453,8 +299,9 @@ class ElmoLstmLayer(nn.Module):
                     finished_c.append(c[:, n:])
                     h, c = h[:, :n], c[:, :n]
                 step_input = [projected[d][offset][:n] for d in range(2)]
-                gates = self._both_directions(h, self.recurrent_weight, packed_recurrent, add=step_input)  # (2, n, 4D)
-                h, c = self._cell(gates, c, packed_projection)
+                # Gate pre-activations (2, n, 4D).
+                gates = both_directions(h, self.recurrent_weight, packed_recurrent, options, add=step_input)
+                h, c = self._cell(gates, c, options, packed_projection)
                 outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
         if not outputs:
             return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
@@ -478,13 +325,6 @@ class ElmoBiLstm(nn.Module):
         self.projection_dim = config.projection_dim
         self.lstm_dim = config.lstm_dim
         self.clipped = any(layer.cell_clip is not None or layer.proj_clip is not None for layer in self.layers)
-        self.fused_lstm = "auto"  # see `ElmoModel.set_fused_lstm`
-
-    def uses_fused_lstm(self, reference: torch.Tensor) -> bool:
-        """Whether the layers run through `nn.LSTM` (`ElmoLstmLayer.forward_fused`) for tensors like `reference`."""
-        if self.fused_lstm == "auto":
-            return reference.is_cuda and not self.clipped
-        return self.fused_lstm == "always"
 
     def zero_state(self, batch: int, reference: torch.Tensor) -> ElmoState:
         """The state every sentence starts from by default."""
@@ -495,7 +335,12 @@ class ElmoBiLstm(nn.Module):
         )
 
     def forward(
-        self, token_repr: torch.Tensor, lengths: torch.Tensor, initial_state: ElmoState | None = None
+        self,
+        token_repr: torch.Tensor,
+        lengths: torch.Tensor,
+        options: ElmoKernelOptions,
+        initial_state: ElmoState | None = None,
+        inference_cache: ElmoInferenceCache | None = None,
     ) -> tuple[list[torch.Tensor], ElmoState]:
         """token_repr (batch, positions, P), lengths (batch,) → n_layers tensors (batch, positions, 2P), final state."""
         batch, steps, _ = token_repr.shape
@@ -514,17 +359,17 @@ class ElmoBiLstm(nn.Module):
         if not traced:
             counts = lengths.tolist()
             batch_sizes = [sum(1 for n in counts if n > t) for t in range(steps)]
-        fused = self.uses_fused_lstm(token_repr)
+        fused = options.uses_fused_lstm(token_repr, self.clipped)
         outputs, final_h, final_c = [], [], []
         for index, layer in enumerate(self.layers):
             layer_input = self.dropout(layer_input)
             state = (h0[index][:, order], c0[index][:, order])
             if traced:
-                layer_output, (h, c) = layer.forward_masked(layer_input, position < lengths[:, None], state)
+                layer_output, (h, c) = layer.forward_masked(layer_input, position < lengths[:, None], state, options)
             elif fused:
                 layer_output, (h, c) = layer.forward_fused(layer_input, counts, state)
             else:
-                layer_output, (h, c) = layer(layer_input, batch_sizes, state)
+                layer_output, (h, c) = layer(layer_input, batch_sizes, state, options, inference_cache)
             if self.use_skip_connections and index > 0:
                 layer_output = layer_output + layer_input
             outputs.append(layer_output)
@@ -627,38 +472,12 @@ class ElmoModel(ElmoPreTrainedModel):
         super().__init__(config)
         self.char_cnn = ElmoCharCNN(config)
         self.bilstm = ElmoBiLstm(config)
+        # How the arithmetic runs (oneDNN, cuDNN, chunk sizes), not what it computes; replace it to change them.
+        self.kernel_options = ElmoKernelOptions()
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.char_cnn.char_embedding
-
-    def set_fused_lstm(self, mode: str) -> None:
-        """How the biLSTM runs: `"auto"` (default) through `nn.LSTM` (cuDNN) on a GPU when the model has no cell or
-        projection clipping, where it computes the same function, else the step loop; `"always"` through `nn.LSTM`
-        also for clipped models (an approximation: the original ELMo weights clip at 3, see the README for the
-        drift); `"never"` the step loop everywhere."""
-        if mode not in ("auto", "always", "never"):
-            raise ValueError(f"fused LSTM mode must be 'auto', 'always' or 'never', got {mode!r}")
-        self.bilstm.fused_lstm = mode
-
-    def set_token_cache_size(self, size: int) -> None:
-        """Keep the token representations of up to `size` most recently seen distinct words for inference (calls
-        without gradient through the char CNN), so frequent words skip the CNN; 0 turns the cache off. It is
-        emptied whenever a char-CNN weight, the device or the dtype changes. Default `TOKEN_CACHE_SIZE`."""
-        if size < 0:
-            raise ValueError(f"cache size must be >= 0, got {size}")
-        self.char_cnn.cache_size = size
-        if size == 0:
-            self.char_cnn.clear_cache()
-
-    def clear_inference_caches(self) -> None:
-        """Empty the token cache and drop the LSTM weights packed for oneDNN (both are rebuilt when needed, and both
-        follow in-place and `.data` changes of the weights on their own). Needed only after changing weights outside
-        torch (e.g. through a NumPy view of their memory), which neither their version counter nor their address
-        shows; also frees their memory."""
-        self.char_cnn.clear_cache()
-        for layer in self.bilstm.layers:
-            layer._packed, layer._packed_state = (), ()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.char_cnn.char_embedding = value
@@ -706,6 +525,7 @@ class ElmoModel(ElmoPreTrainedModel):
         initial_state: ElmoState | None = None,
         return_state: bool = False,
         output_hidden_states: bool | None = None,
+        inference_cache: ElmoInferenceCache | None = None,
         **kwargs,
     ) -> ElmoModelOutput:
         """
@@ -720,10 +540,13 @@ class ElmoModel(ElmoPreTrainedModel):
             output_hidden_states (`bool`, optional): return `hidden_states`, the ELMo layers. Unlike most models
                 (and whatever `config.output_hidden_states` says) they are returned unless this is `False`: they
                 are what ELMo is used for.
+            inference_cache (`ElmoInferenceCache`, optional): token representations and packed weights kept between
+                calls without gradient (e.g. one per embedding job); nothing is kept without it.
         """
         mask = self._validate(input_ids, attention_mask, initial_state)
-        token_repr = self.char_cnn(input_ids, mask)
-        layers, final_state = self.bilstm(token_repr, mask.sum(dim=1), initial_state)
+        options = self.kernel_options
+        token_repr = self.char_cnn(input_ids, mask, options, inference_cache)
+        layers, final_state = self.bilstm(token_repr, mask.sum(dim=1), options, initial_state, inference_cache)
         hidden_states = (torch.cat([token_repr, token_repr], dim=-1), *layers)
         return ElmoModelOutput(
             last_hidden_state=hidden_states[-1],
@@ -732,11 +555,29 @@ class ElmoModel(ElmoPreTrainedModel):
         )
 
 
+def lm_target_masks(attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which predictions the biLM objective counts, (batch, positions - 1) bool each: the forward LM at position t
+    predicts `labels[:, t + 1]`, the backward LM at position t + 1 predicts `labels[:, t]`; a pair of neighbours
+    counts when both are real positions (never padding, whatever its labels) and the label is not -100."""
+    real = attention_mask.bool()
+    both_real = real[:, :-1] & real[:, 1:]
+    return both_real & (labels[:, 1:] != -100), both_real & (labels[:, :-1] != -100)
+
+
+def lm_loss(forward_losses: torch.Tensor, backward_losses: torch.Tensor) -> torch.Tensor:
+    """The biLM objective from the per-target cross-entropies of each direction: the mean of the forward and the
+    backward LM's mean (a direction without targets counts 0)."""
+    forward_mean = forward_losses.sum() / max(len(forward_losses), 1)
+    return 0.5 * (forward_mean + backward_losses.sum() / max(len(backward_losses), 1))
+
+
 class ElmoForBidirectionalLM(ElmoPreTrainedModel):
     """The biLM with one softmax shared by the forward and the backward LM (the paper's training set-up).
 
     `labels` (batch, positions) hold word ids of the softmax vocabulary aligned with `input_ids` (-100 =
-    ignore): the forward LM at position t predicts `labels[t + 1]`, the backward LM predicts `labels[t - 1]`.
+    ignore): the forward LM at position t predicts `labels[t + 1]`, the backward LM predicts `labels[t - 1]`
+    (`lm_target_masks`; the loss is `lm_loss`). Training with a sampled softmax (`hf_elmo.training`) estimates
+    the same objective from `lm_states`.
     """
 
     def __init__(self, config: ElmoConfig):
@@ -754,6 +595,15 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
     def get_output_embeddings(self) -> nn.Linear:
         return self.softmax
 
+    def lm_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> tuple[ElmoModelOutput, torch.Tensor, torch.Tensor]:
+        """The biLM's outputs (`ElmoModel.forward`'s arguments in `kwargs`) and what the softmax reads: the top
+        layer after the LM dropout, split into the forward and the backward LM's states, (batch, positions, P) each."""
+        outputs = self.elmo(input_ids, attention_mask, **kwargs)
+        forward_states, backward_states = self.dropout(outputs.last_hidden_state).chunk(2, dim=-1)
+        return outputs, forward_states, backward_states
+
     @can_return_tuple
     def forward(
         self,
@@ -766,26 +616,21 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
         **kwargs,
     ) -> ElmoBidirectionalLMOutput:
         """`labels` as in the class docstring; the other arguments as in `ElmoModel.forward`."""
-        outputs = self.elmo(input_ids, attention_mask, initial_state=initial_state, return_state=return_state,
-                            output_hidden_states=output_hidden_states)
-        top_forward, top_backward = self.dropout(outputs.last_hidden_state).chunk(2, dim=-1)
-        forward_logits = self.softmax(top_forward)
-        backward_logits = self.softmax(top_backward)
+        outputs, forward_states, backward_states = self.lm_states(
+            input_ids, attention_mask, initial_state=initial_state, return_state=return_state,
+            output_hidden_states=output_hidden_states,
+        )
+        forward_logits = self.softmax(forward_states)
+        backward_logits = self.softmax(backward_states)
         loss = None
         if labels is not None:
-            vocab = self.config.vocab_size
-            mask = attention_mask.bool() if attention_mask is not None else (input_ids > 0).any(dim=-1)
-            # A pair of neighbours counts only if both are real positions (never padding, whatever its labels).
-            both_real = mask[:, :-1] & mask[:, 1:]
-            forward_targets = labels[:, 1:].masked_fill(~both_real, -100)
-            backward_targets = labels[:, :-1].masked_fill(~both_real, -100)
-            forward_loss = F.cross_entropy(
-                forward_logits[:, :-1].reshape(-1, vocab), forward_targets.reshape(-1), ignore_index=-100
+            mask = attention_mask if attention_mask is not None else (input_ids > 0).any(dim=-1)
+            forward_mask, backward_mask = lm_target_masks(mask, labels)
+            loss = lm_loss(
+                F.cross_entropy(forward_logits[:, :-1][forward_mask], labels[:, 1:][forward_mask], reduction="none"),
+                F.cross_entropy(backward_logits[:, 1:][backward_mask], labels[:, :-1][backward_mask],
+                                reduction="none"),
             )
-            backward_loss = F.cross_entropy(
-                backward_logits[:, 1:].reshape(-1, vocab), backward_targets.reshape(-1), ignore_index=-100
-            )
-            loss = 0.5 * (forward_loss + backward_loss)
         return ElmoBidirectionalLMOutput(
             loss=loss,
             forward_logits=forward_logits,

@@ -39,7 +39,7 @@ LM_REPO, CONVERTED_REPO = "org/tiny-elmo-lm", "org/elmo-allennlp"
 TINY_SOURCE = "Random weights for the tests of the `elmo` project (`torch.manual_seed(0)`)."
 CONVERTED_SOURCE = "Converted from the original weights `options.json` + `lm_weights.hdf5`."
 SENTENCES = [["The", "bank", "raised", "rates", "."], ["Élan", "naïve", "café", "日本", "—", "x" * 60], ["Hi"]]
-REMOTE_CODE = ("configuration_elmo.py", "modeling_elmo.py", "text.py", "tokenization_elmo.py")
+REMOTE_CODE = ("configuration_elmo.py", "kernels.py", "modeling_elmo.py", "text.py", "tokenization_elmo.py")
 REPO_FILES = {
     ".gitattributes", "README.md", "added_tokens.json", "config.json", "model.safetensors", "tokenizer_config.json",
     *REMOTE_CODE,

@@ -3,6 +3,7 @@
 import copy
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from hf_elmo import (
     ElmoCharTokenizer,
     ElmoConfig,
     ElmoForBidirectionalLM,
+    ElmoInferenceCache,
+    ElmoKernelOptions,
     ElmoModel,
     ElmoWithScalarMixes,
 )
@@ -325,75 +328,101 @@ def test_bidirectional_lm_loss_ignores_targets_predicted_from_padding(tmp_path, 
     assert 0.1 < softmax.weight.std() < 1.0  # N(0, 1/sqrt(projection_dim = 8)) ≈ 0.35
 
 
-def test_chunked_computation_equals_unchunked(monkeypatch, model, tokenizer):
+def test_chunked_computation_equals_unchunked(model, tokenizer):
     """Long sentences cross the time windows of the input projections and the char-CNN chunks unchanged."""
-    import hf_elmo.modeling_elmo as modeling
-
+    model = copy.deepcopy(model)  # the fixture is shared: its options stay the defaults
     long_sentence = [f"w{i % 97}" for i in range(300)]
     sentences = [long_sentence, SENTENCES[0]]
-    monkeypatch.setattr(model.char_cnn, "cache_size", 0)
     _, chunked = run(model, tokenizer, sentences)
-    monkeypatch.setattr(modeling, "LSTM_TIME_CHUNK", 10_000)
-    monkeypatch.setattr(modeling, "CHAR_CNN_CHUNK", 10_000)
+    model.kernel_options = ElmoKernelOptions(lstm_time_chunk=10_000, char_cnn_chunk=10_000)
     _, whole = run(model, tokenizer, sentences)
-    monkeypatch.setattr(modeling, "LSTM_TIME_CHUNK", 7)
-    monkeypatch.setattr(modeling, "CHAR_CNN_CHUNK", 3)
+    model.kernel_options = ElmoKernelOptions(lstm_time_chunk=7, char_cnn_chunk=3)
     _, small = run(model, tokenizer, sentences)
     for a, b, c in zip(chunked.hidden_states, whole.hidden_states, small.hidden_states):
         assert (a - b).abs().max() <= 1e-5 and (a - c).abs().max() <= 1e-5
     assert chunked.hidden_states[-1][0, 301].abs().sum() > 0  # the last word (</S>) was computed
 
 
+def test_kernel_options_are_validated():
+    for field, value, message in [("fused_lstm", "cudnn", "'auto', 'always' or 'never'"),
+                                  ("char_cnn_chunk", 0, "char_cnn_chunk must be an integer >= 1"),
+                                  ("lstm_time_chunk", 2.5, "lstm_time_chunk must be an integer >= 1"),
+                                  ("single_row_bmm_max_weight", -1, "single_row_bmm_max_weight must be"),
+                                  ("onednn", "yes", "onednn must be True or False")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            ElmoKernelOptions(**{field: value})
+    with pytest.raises(ValueError, match="token_cache_size must be an integer >= 0"):
+        ElmoInferenceCache(token_cache_size=-1)
+
+
+def test_modules_hold_no_inference_state(tokenizer):
+    """Nothing but weights lives in the modules: calls leave no trace in them, so copies, pickles and concurrent
+    callers see the same model."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()
+    before = {name: dict(vars(module)) for name, module in model.named_modules()}
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        model(**encoded, inference_cache=ElmoInferenceCache())
+    model(**encoded).last_hidden_state.sum().backward()
+    after = {name: dict(vars(module)) for name, module in model.named_modules()}
+    for name, attributes in after.items():
+        changed = {key for key in attributes if key not in ("_parameters", "_buffers", "_modules")
+                   and (key not in before[name] or attributes[key] is not before[name][key])}
+        assert not changed, (name, changed)
+
+
 def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenizer):
     torch.manual_seed(0)
     cached, uncached = ElmoModel(tiny_config()).eval(), ElmoModel(tiny_config()).eval()
     uncached.load_state_dict(cached.state_dict())
-    uncached.set_token_cache_size(0)
+    cache = ElmoInferenceCache()
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
     distinct = len({w for s in SENTENCES for w in s}) + 2  # + <S>, </S>
+
+    def both():
+        return cached(**encoded, inference_cache=cache).last_hidden_state, uncached(**encoded).last_hidden_state
+
     with torch.no_grad():
         expected = uncached(**encoded).hidden_states
         for _ in range(2):  # filled by the first call, read by the second
-            for a, b in zip(cached(**encoded).hidden_states, expected):
+            for a, b in zip(cached(**encoded, inference_cache=cache).hidden_states, expected):
                 assert (a - b).abs().max() <= 1e-6
-    assert len(cached.char_cnn._cache) == distinct and len(uncached.char_cnn._cache) == 0
+    assert len(cache) == distinct
     # Smaller than one batch's vocabulary: still correct, and bounded.
-    cached.set_token_cache_size(5)
+    small = ElmoInferenceCache(token_cache_size=5)
     with torch.no_grad():
-        assert (cached(**encoded).last_hidden_state - expected[-1]).abs().max() <= 1e-6
-    assert len(cached.char_cnn._cache) == 5
+        assert (cached(**encoded, inference_cache=small).last_hidden_state - expected[-1]).abs().max() <= 1e-6
+    assert len(small) == 5
+    assert len(ElmoInferenceCache(token_cache_size=0)) == 0
     # A weight changed in place empties the cache.
     with torch.no_grad():
         for model in (cached, uncached):
             model.char_cnn.highway.layers[0].bias.add_(0.5)
-        torch.testing.assert_close(cached(**encoded).last_hidden_state, uncached(**encoded).last_hidden_state)
+        torch.testing.assert_close(*both())
     # So does a weight replaced through `.data`, as some optimizers do.
     with torch.no_grad():
         for model in (cached, uncached):
             model.char_cnn.projection.weight.data = model.char_cnn.projection.weight.data * 1.5
-        torch.testing.assert_close(cached(**encoded).last_hidden_state, uncached(**encoded).last_hidden_state)
+        torch.testing.assert_close(*both())
     # Vectors cached under autocast (bfloat16) are not served to a float32 call, nor the other way round.
-    cached.set_token_cache_size(100)
     with torch.no_grad():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            low = cached(**encoded).last_hidden_state
+            low = cached(**encoded, inference_cache=cache).last_hidden_state
             assert low.dtype == torch.bfloat16
-        full = cached(**encoded).last_hidden_state
+        full, reference = both()
         assert full.dtype == torch.float32
-        torch.testing.assert_close(full, uncached(**encoded).last_hidden_state)
+        torch.testing.assert_close(full, reference)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            torch.testing.assert_close(cached(**encoded).last_hidden_state, low)
-    assert len(pickle.loads(pickle.dumps(cached)).char_cnn._cache) == 0  # pickles leave the cache behind
+            torch.testing.assert_close(cached(**encoded, inference_cache=cache).last_hidden_state, low)
+    assert len(pickle.loads(pickle.dumps(cache))) == 0 and len(copy.deepcopy(cache)) == 0  # copies are empty
     # Training never reads or fills it.
-    cached.set_token_cache_size(100)
-    cached.char_cnn._cache.clear()
-    cached(**encoded).last_hidden_state.sum().backward()
-    assert len(cached.char_cnn._cache) == 0 and cached.char_cnn.convs[0].weight.grad is not None
-    with pytest.raises(ValueError, match=">= 0"):
-        cached.set_token_cache_size(-1)
+    cache.clear()
+    cached(**encoded, inference_cache=cache).last_hidden_state.sum().backward()
+    assert len(cache) == 0 and cached.char_cnn.convs[0].weight.grad is not None
 
 
-def test_char_cnn_skips_padding_positions_without_changing_values_or_gradients(monkeypatch):
+def test_char_cnn_skips_padding_positions_without_changing_values_or_gradients():
     """Positions after the longest word of a chunk are all padding: the max-pool reads one of them, not all 50."""
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).train()
@@ -403,61 +432,58 @@ def test_char_cnn_skips_padding_positions_without_changing_values_or_gradients(m
                                        return_tensors="pt")["input_ids"][0]
         cnn = model.char_cnn
         assert cnn._used_positions(char_ids) == (50 if len(chunk) == 3 else len("bank") + 2 + cnn.widest_filter)
-        trimmed = cnn.embed_words(char_ids)
+        trimmed = cnn.embed_words(char_ids, model.kernel_options)
         (trimmed_grad,) = torch.autograd.grad(trimmed.square().sum(), cnn.char_embedding.weight)
-        with monkeypatch.context() as patch:
-            patch.setattr(type(cnn), "_used_positions", lambda self, ids: ids.shape[1])
-            full = cnn.embed_words(char_ids)
-            (full_grad,) = torch.autograd.grad(full.square().sum(), cnn.char_embedding.weight)
+        full = cnn.token_representation(char_ids, model.kernel_options)  # every position
+        (full_grad,) = torch.autograd.grad(full.square().sum(), cnn.char_embedding.weight)
         assert (trimmed - full).abs().max() <= 1e-6
         assert (trimmed_grad - full_grad).abs().max() <= 1e-6
 
 
-def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(monkeypatch, tokenizer):
+def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(tokenizer):
     import platform
 
-    import hf_elmo.modeling_elmo as modeling
+    from hf_elmo.kernels import onednn_available
 
     if platform.machine() in ("x86_64", "AMD64"):
-        assert modeling.onednn_available()  # the CPU build of torch has it
+        assert onednn_available()  # the CPU build of torch has it
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
-    model.set_token_cache_size(0)
+    cache = ElmoInferenceCache(token_cache_size=0)
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
 
     def both_paths():
-        _, fast = run(model, tokenizer, SENTENCES)
-        with monkeypatch.context() as patch:
-            patch.setattr(modeling, "USE_ONEDNN", False)
-            _, plain = run(model, tokenizer, SENTENCES)
-        for a, b in zip(fast.hidden_states, plain.hidden_states):
-            assert (a - b).abs().max() <= 1e-5
+        with torch.no_grad():
+            model.kernel_options = ElmoKernelOptions()
+            fast = model(**encoded).hidden_states
+            packed_once = model(**encoded, inference_cache=cache).hidden_states
+            model.kernel_options = ElmoKernelOptions(onednn=False)
+            plain = model(**encoded).hidden_states
+        for a, b, c in zip(fast, plain, packed_once):
+            assert (a - b).abs().max() <= 1e-5 and torch.equal(a, c)
         return fast
 
     before = both_paths()
     layer = model.bilstm.layers[0]
-    assert len(layer._packed) == 2 if modeling.onednn_available() else layer._packed == ()
+    assert len(cache._packed) == (4 if onednn_available() else 0)  # recurrent + projection weights of 2 layers
     with torch.no_grad():
         layer.recurrent_weight.mul_(1.5)  # in place: the packed copy must follow
     after = both_paths()
-    assert (after.hidden_states[1] - before.hidden_states[1]).abs().max() > 1e-3
+    assert (after[1] - before[1]).abs().max() > 1e-3
     with torch.no_grad():
         layer.projection_weight.data = layer.projection_weight.data * 0.5  # replaced, as some optimizers do
     both_paths()
-    assert copy.deepcopy(model).bilstm.layers[0]._packed == ()  # copies and pickles leave them behind
-    assert pickle.loads(pickle.dumps(model)).bilstm.layers[0]._packed == ()
-    model.clear_inference_caches()  # after changes torch cannot see (NumPy views): repacked on the next call
-    assert layer._packed == ()
+    cache.clear()  # after changes torch cannot see (NumPy views): repacked on the next call
+    assert cache._packed == {}
     both_paths()
 
 
-def test_single_row_steps_give_the_same_vectors_through_either_matmul(monkeypatch, tokenizer):
+def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer):
     """A one-sentence batch takes the batched-MKL step for small weights; forcing oneDNN changes nothing."""
-    import hf_elmo.modeling_elmo as modeling
-
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
     _, small_weights = run(model, tokenizer, SENTENCES[:1])
-    monkeypatch.setattr(modeling, "SINGLE_ROW_BMM_MAX_WEIGHT", 0)
+    model.kernel_options = ElmoKernelOptions(single_row_bmm_max_weight=0)
     _, forced_onednn = run(model, tokenizer, SENTENCES[:1])
     for a, b in zip(small_weights.hidden_states, forced_onednn.hidden_states):
         assert (a - b).abs().max() <= 1e-6
@@ -482,7 +508,7 @@ def test_fused_lstm_computes_the_step_loop_for_unclipped_models(tokenizer):
     initial_state = (torch.randn_like(h0), torch.randn_like(c0))
     results = {}
     for mode in ("never", "always"):
-        model.set_fused_lstm(mode)
+        model.kernel_options = ElmoKernelOptions(fused_lstm=mode)
         model.zero_grad()
         output = model(input_ids, attention_mask, initial_state=initial_state, return_state=True)
         output.last_hidden_state.square().sum().backward()
@@ -498,13 +524,11 @@ def test_fused_lstm_computes_the_step_loop_for_unclipped_models(tokenizer):
 def test_fused_lstm_mode_defaults_to_exactness():
     torch.manual_seed(0)
     clipped, unclipped = ElmoModel(tiny_config()), ElmoModel(tiny_config(cell_clip=None, proj_clip=None))
-    cpu = torch.zeros(1)
-    assert not clipped.bilstm.uses_fused_lstm(cpu) and not unclipped.bilstm.uses_fused_lstm(cpu)  # auto: GPU only
-    assert clipped.bilstm.clipped and not unclipped.bilstm.clipped  # auto never fuses a clipped model
-    clipped.set_fused_lstm("always")
-    assert clipped.bilstm.uses_fused_lstm(cpu)
-    with pytest.raises(ValueError, match="'auto', 'always' or 'never'"):
-        clipped.set_fused_lstm("cudnn")
+    assert clipped.bilstm.clipped and not unclipped.bilstm.clipped
+    cpu, options = torch.zeros(1), ElmoKernelOptions()
+    assert not options.uses_fused_lstm(cpu, clipped=False) and not options.uses_fused_lstm(cpu, clipped=True)
+    assert options.uses_fused_lstm(torch.zeros(1, device="meta"), clipped=False) is False  # auto: CUDA only
+    assert ElmoKernelOptions(fused_lstm="always").uses_fused_lstm(cpu, clipped=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -515,7 +539,7 @@ def test_cudnn_lstm_on_gpu_matches_the_cpu_step_loop(monkeypatch, tokenizer):
     model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
     _, cpu = run(model, tokenizer, SENTENCES)
     model.cuda()
-    assert model.bilstm.uses_fused_lstm(torch.zeros(1, device="cuda"))
+    assert model.kernel_options.uses_fused_lstm(torch.zeros(1, device="cuda"), model.bilstm.clipped)
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt").to("cuda")
     with torch.no_grad():
         gpu = model(**encoded)
@@ -536,7 +560,7 @@ class _OpsCalled(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_keeps_its_fast_path(tokenizer):
-    import hf_elmo.modeling_elmo as modeling
+    from hf_elmo.kernels import onednn_available
 
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
@@ -558,7 +582,7 @@ def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_kee
     with _OpsCalled() as called, torch.no_grad():
         model(**first)
     assert "aten._unique2" in called.ops or "aten.unique_dim" in called.ops, called.ops
-    if modeling.onednn_available():
+    if onednn_available():
         assert "mkldnn._linear_pointwise" in called.ops, called.ops
 
 
@@ -579,17 +603,17 @@ def test_concurrent_calls_from_threads_give_the_single_thread_vectors(tokenizer)
 
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
-    model.set_token_cache_size(8)  # far fewer words than the calls use: constant eviction
+    cache = ElmoInferenceCache(token_cache_size=8)  # far fewer words than the calls use: constant eviction
     vocabulary = [f"w{i}" for i in range(40)]
     batches = [[[vocabulary[(7 * call + 3 * row + k) % 40] for k in range(3 + row)] for row in range(3)]
                for call in range(60)]
     encoded = [tokenizer(batch, is_split_into_words=True, padding=True, return_tensors="pt") for batch in batches]
 
-    def top_layer(inputs):
+    def top_layer(inputs, inference_cache=cache):
         with torch.no_grad():
-            return model(**inputs).hidden_states[-1]
+            return model(**inputs, inference_cache=inference_cache).hidden_states[-1]
 
-    expected = [top_layer(inputs) for inputs in encoded]
+    expected = [top_layer(inputs, None) for inputs in encoded]
     with ThreadPoolExecutor(max_workers=4) as pool:
         got = list(pool.map(top_layer, encoded * 3))
     for output, reference in zip(got, expected * 3):

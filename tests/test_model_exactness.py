@@ -6,28 +6,27 @@ import pytest
 import torch
 from elmo_fixtures import ALLENNLP, FIXTURE_MODELS, require, sentences
 
-from hf_elmo import ElmoCharTokenizer
+from hf_elmo import ElmoCharTokenizer, ElmoKernelOptions
 from hf_elmo.convert import load_legacy
 
 TOLERANCE = 1e-5
 
 
 @pytest.fixture(params=["onednn", "mkl"])
-def matmuls(request, monkeypatch):
-    """Both CPU matmul paths: oneDNN (the default where torch has it) and `F.linear`."""
-    import hf_elmo.modeling_elmo as modeling
+def matmuls(request):
+    """Both CPU matmul paths: oneDNN (the default where torch has it) and `F.linear`, as kernel options."""
+    from hf_elmo.kernels import onednn_available
 
     if request.param == "onednn":
-        assert modeling.onednn_available(), "this torch build has no oneDNN linear ops"
-    else:
-        monkeypatch.setattr(modeling, "USE_ONEDNN", False)
-    return request.param
+        assert onednn_available(), "this torch build has no oneDNN linear ops"
+    return ElmoKernelOptions(onednn=request.param == "onednn")
 
 
 @pytest.mark.parametrize("name,model_dir,sentences_file", FIXTURE_MODELS, ids=[m[0] for m in FIXTURE_MODELS])
 def test_stateful_top_layer_matches_original(name, model_dir, sentences_file, matmuls):
     """10 batches of 3 sentences, state carried row by row through final_state → initial_state (744 vectors)."""
     model = load_legacy(require(model_dir / "options.json"), require(model_dir / "lm_weights.hdf5"))
+    model.kernel_options = matmuls
     tokenizer = ElmoCharTokenizer()
     batches = sentences(sentences_file)
     expected_files = [h5py.File(require(model_dir / f"lm_embeddings_{k}.hdf5"), "r") for k in range(3)]
@@ -65,6 +64,7 @@ def test_zero_state_differs_after_first_batch(name, model_dir, sentences_file):
 def test_token_representation_matches_original(matmuls):
     """The char CNN of every line of vocab_test.txt equals elmo_token_embeddings.hdf5 (458 x 16)."""
     model = load_legacy(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"))
+    model.kernel_options = matmuls
     tokenizer = ElmoCharTokenizer()
     vocab = require(ALLENNLP / "vocab_test.txt").read_text(encoding="utf-8").split("\n")
     expected = h5py.File(require(ALLENNLP / "elmo_token_embeddings.hdf5"), "r")["embedding"][...]
@@ -74,7 +74,7 @@ def test_token_representation_matches_original(matmuls):
     encoded = tokenizer(rows, is_split_into_words=True, add_special_tokens=False, padding=True, return_tensors="pt")
     mask = encoded["attention_mask"].bool()
     with torch.no_grad():
-        actual = model.char_cnn(encoded["input_ids"], mask)[mask].numpy()
+        actual = model.char_cnn(encoded["input_ids"], mask, matmuls)[mask].numpy()
     assert np.abs(actual - expected).max() <= TOLERANCE
 
 

@@ -253,6 +253,7 @@ def test_the_objective_counts_every_real_target_once_whatever_the_padding():
     torch.testing.assert_close(output.forward_loss_sum, sum(row.forward_loss_sum for row in alone))
     torch.testing.assert_close(output.backward_loss_sum, sum(row.backward_loss_sum for row in alone))
     torch.testing.assert_close(alone[0].loss, lm(**rows[0]).loss)  # the model's own loss, without padding
+    torch.testing.assert_close(output.loss, lm(**batch).loss)  # and with it: one objective
 
 
 def test_log_uniform_candidates_are_distinct_and_zipfian():
@@ -608,9 +609,10 @@ def test_pretrain_rejects_bad_arguments(tmp_path):
 def test_the_trained_directory_is_pushed_with_its_vocabulary_and_evaluated_from_the_hub(
     toy_lm, fake_hub: FakeHub, tmp_path, one_thread
 ):
-    from hf_elmo.training.card import push_trained_model
+    from hf_elmo.hub import push_directory
+    from hf_elmo.training.pretrain import NOT_UPLOADED
 
-    push_trained_model(toy_lm, "org/toy-bilm")
+    push_directory(toy_lm, "org/toy-bilm", ignore_patterns=NOT_UPLOADED)
     files = set(list_repo_files("org/toy-bilm"))
     assert {"config.json", "model.safetensors", "vocab.txt", "README.md", "tokenizer_config.json"} <= files
     assert not any(name.startswith("checkpoints/") for name in files)

@@ -1,18 +1,13 @@
-"""The model card of a trained biLM, and uploading the trained directory to the Hub."""
+"""The "Source of the weights" of a trained biLM's model card (the card itself: `hf_elmo.hub`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-from huggingface_hub import CommitInfo, HfApi
 
 TOKENIZER_DESCRIPTIONS = {
     "whitespace": "pre-tokenized text, words separated by whitespace",
     "elmo": "`hf_elmo.split_words`, the raw-text mode of `ElmoCharTokenizer` (Moses-style)",
 }
-# What the trained directory holds besides the model (left out of uploads).
-NOT_UPLOADED = ["checkpoints/*", "training_log.jsonl"]
 
 
 def describe_word_tokenizer(name: str) -> str:
@@ -66,20 +61,4 @@ def training_source(
         f"Trained with `elmo pretrain` (the `spacy-elmo` package: PyTorch + Hugging Face Accelerate), starting from "
         f"{started_from}.\n\n| | |\n|---|---|\n{table}\n\nPerplexities count the words plus one `</S>` (forward) "
         "or `<S>` (backward) per line; the average is exp(mean of the two cross-entropies)."
-    )
-
-
-def push_trained_model(
-    directory: str | os.PathLike, repo_id: str, private: bool | None = None, token: str | bool | None = None
-) -> CommitInfo:
-    """Upload a directory written by `elmo pretrain` (model, tokenizer, `vocab.txt`, card) to a Hub repo in one
-    commit, without the checkpoints and the training log."""
-    api = HfApi()
-    repo_id = api.create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
-    return api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(Path(directory)),
-        ignore_patterns=NOT_UPLOADED,
-        commit_message="Upload ELMo biLM trained with elmo pretrain",
-        token=token,
     )

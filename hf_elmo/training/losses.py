@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..modeling_elmo import ElmoForBidirectionalLM
-from .data import IGNORE_INDEX
+from ..modeling_elmo import ElmoForBidirectionalLM, lm_loss, lm_target_masks
 
 # Logits computed at once by the full softmax (rows x vocabulary), to bound the memory of evaluation.
 FULL_SOFTMAX_CHUNK = 1 << 24
@@ -180,24 +179,19 @@ class BidirectionalLMLoss(nn.Module):
         """input_ids (batch, positions, chars), attention_mask and labels (batch, positions) as `encode_batch`
         makes them: the forward LM at position t predicts labels[t + 1], the backward LM labels[t - 1]."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.encoder_frozen):
-            top = self.lm.elmo(input_ids, attention_mask).last_hidden_state
-        forward_top, backward_top = self.lm.dropout(top).chunk(2, dim=-1)
-        # A target counts where it is a label and the position predicting it is real (not padding).
-        real = attention_mask.bool()
-        forward_targets, backward_targets = labels[:, 1:], labels[:, :-1]
-        forward_mask = (forward_targets != IGNORE_INDEX) & real[:, :-1]
-        backward_mask = (backward_targets != IGNORE_INDEX) & real[:, 1:]
-        hidden = torch.cat([forward_top[:, :-1][forward_mask], backward_top[:, 1:][backward_mask]])
-        targets = torch.cat([forward_targets[forward_mask], backward_targets[backward_mask]])
-        softmax = self.lm.softmax
+            _, forward_states, backward_states = self.lm.lm_states(input_ids, attention_mask)
+        forward_mask, backward_mask = lm_target_masks(attention_mask, labels)
+        hidden = torch.cat([forward_states[:, :-1][forward_mask], backward_states[:, 1:][backward_mask]])
+        targets = torch.cat([labels[:, 1:][forward_mask], labels[:, :-1][backward_mask]])
+        softmax = self.lm.get_output_embeddings()
         if self.training and self.num_sampled:
             losses = sampled_softmax_loss(hidden, targets, softmax.weight, softmax.bias, self.num_sampled)
         else:
             losses = full_softmax_loss(hidden, targets, softmax.weight, softmax.bias)
         n_forward = int(forward_mask.sum())
-        forward_sum, backward_sum = losses[:n_forward].sum(), losses[n_forward:].sum()
-        n_backward = len(losses) - n_forward
-        loss = 0.5 * (forward_sum / max(n_forward, 1) + backward_sum / max(n_backward, 1))
+        forward_losses, backward_losses = losses[:n_forward], losses[n_forward:]
+        loss = lm_loss(forward_losses, backward_losses)
+        forward_sum, backward_sum = forward_losses.sum(), backward_losses.sum()
         return BidirectionalLMLossOutput(
             loss=loss,
             forward_loss_sum=forward_sum.detach(),

@@ -33,11 +33,11 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, HfArgumentParser, get_scheduler
 
 from ..configuration_elmo import ElmoConfig
-from ..hub import CardMetadata, write_model_card
+from ..hub import CardMetadata, push_directory, write_model_card
 from ..modeling_elmo import ElmoForBidirectionalLM, ElmoModel
 from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer
-from .card import describe_files, push_trained_model, training_source
+from .card import describe_files, training_source
 from .checkpointing import latest_checkpoint, load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from .data import DataPosition, LMBatches
 from .evaluation import evaluate, perplexities
@@ -48,6 +48,8 @@ logger = get_logger(__name__)
 
 # Steps that train the softmax alone, by default, when the starting biLM has none (at most a tenth of max_steps).
 DEFAULT_SOFTMAX_ONLY_STEPS = 1000
+# What the trained directory holds besides the model (left out of `--push_to_hub` uploads).
+NOT_UPLOADED = ["checkpoints/*", "training_log.jsonl"]
 
 
 @dataclass
@@ -428,7 +430,8 @@ def train(args: PretrainArguments) -> Path:
                          "processes": processes}
         (output_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
         if args.push_to_hub:
-            push_trained_model(output_dir, args.push_to_hub)
+            push_directory(output_dir, args.push_to_hub, ignore_patterns=NOT_UPLOADED,
+                           commit_message="Upload ELMo biLM trained with elmo pretrain")
     # Every process releases the DDP model (which holds the process group), then the group, at the same time: a
     # group still referenced when a process exits can block that process forever.
     accelerator.wait_for_everyone()
