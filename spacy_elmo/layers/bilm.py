@@ -20,7 +20,7 @@ from spacy.tokens import Doc
 from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, PyTorchShim, get_torch_default_device, torch2xp, xp2torch
 from thinc.types import Floats3d
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel
 from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
@@ -45,6 +45,8 @@ class ElmoShim(PyTorchShim):
 
     def __init__(self, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
         super().__init__(None, mixed_precision=mixed_precision, grad_scaler=grad_scaler)
+        # Token representations and packed LSTM weights kept between the predictions of this biLM.
+        self.inference_cache = ElmoInferenceCache()
 
     @property
     def elmo(self) -> ElmoModel | None:
@@ -57,6 +59,7 @@ class ElmoShim(PyTorchShim):
     def set_elmo(self, elmo: ElmoModel) -> None:
         """Use `elmo` (moved to the current Thinc device)."""
         self._model = elmo.to(get_torch_default_device())
+        self.inference_cache.clear()
 
     def finish_update(self, optimizer) -> None:
         if self._model is None:
@@ -64,8 +67,8 @@ class ElmoShim(PyTorchShim):
         updated = any(parameter.grad is not None for parameter in self._model.parameters())
         super().finish_update(optimizer)
         if updated:
-            # Thinc's optimizer may update the weights through NumPy views, unseen by the biLM's inference caches.
-            self._model.clear_inference_caches()
+            # Thinc's optimizer may update the weights through NumPy views, unseen by the cache's checks.
+            self.inference_cache.clear()
 
     def to_device(self, device_type: str, device_id: int) -> None:
         if self._model is not None:
@@ -208,10 +211,11 @@ def _segments(docs: Sequence[Doc], get_spans: SpanGetter) -> Iterator[_Segment]:
 
 def _run_batch(shim: ElmoShim, ids: np.ndarray, is_train: bool) -> tuple[torch.Tensor, Callable]:
     """The stacked biLM layers (layers, rows, positions, width) as float32, and their backprop."""
-    inputs = ArgsKwargs(args=(torch.as_tensor(ids, device=shim.device),), kwargs={})
+    input_ids = torch.as_tensor(ids, device=shim.device)
     if not is_train:
+        inputs = ArgsKwargs(args=(input_ids,), kwargs={"inference_cache": shim.inference_cache})
         return torch.stack(shim.predict(inputs).hidden_states).float(), _no_backprop
-    output, backprop_torch = shim.begin_update(inputs)
+    output, backprop_torch = shim.begin_update(ArgsKwargs(args=(input_ids,), kwargs={}))
     hidden = torch.stack(output.hidden_states).float()
 
     def backprop(d_hidden) -> None:
