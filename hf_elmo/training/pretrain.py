@@ -8,8 +8,8 @@ The same command runs on one CPU or GPU, or on several GPUs and nodes when launc
     torchrun --nnodes 2 --nproc_per_node 8 ... -m hf_elmo.training ARGS
     elmo pretrain ... --resume                                   # continue from the newest checkpoint
 
-Reads top to bottom: arguments → vocabulary and data → model → `accelerator.prepare` → loop (step, log,
-evaluate, checkpoint) → save. The output directory is a `save_pretrained` directory (model, tokenizer,
+Reads top to bottom: arguments → vocabulary and data → model → `Pretraining` (`accelerator.prepare`, then the
+loop: step, log, evaluate, checkpoint) → save. The output directory is a `save_pretrained` directory (model, tokenizer,
 `vocab.txt`, model card) ready for the Hub (`--push_to_hub`), plus `checkpoints/` and `training_log.jsonl`.
 """
 
@@ -214,230 +214,268 @@ def make_optimizer(args: PretrainArguments, parameters) -> torch.optim.Optimizer
     return torch.optim.Adam(parameters, lr=args.learning_rate)
 
 
-def train(args: PretrainArguments) -> Path:
-    """Train as `args` say; returns the output directory."""
-    init_config = elmo_config(args.init_model) if args.init_model else None
-    word_tokenizer_name = args.word_tokenizer or getattr(init_config, "word_tokenizer", None) or "spacy:en"
-    new_softmax_on_trained_encoder = init_config is not None and not init_config.vocab_size
-    softmax_only_steps = args.softmax_only_steps
-    if softmax_only_steps is None:
-        limit = args.max_steps // 10 if args.max_steps else DEFAULT_SOFTMAX_ONLY_STEPS
-        softmax_only_steps = min(DEFAULT_SOFTMAX_ONLY_STEPS, limit) if new_softmax_on_trained_encoder else 0
+class Pretraining:
+    """One `elmo pretrain` run, read top to bottom: `__init__` sets it up (accelerator, model, vocabulary, data,
+    objective, optimizer, schedule, checkpoint to resume), `run` trains (`_step` per batch, `_log`, `_validate`,
+    `_save`) and `_write_output` writes the `save_pretrained` directory."""
 
-    # The biLM is frozen in the softmax-only steps: DDP must accept parameters without gradients then.
-    accelerator = Accelerator(
-        cpu=args.cpu,
-        mixed_precision=args.mixed_precision,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        log_with=args.report_to,
-        project_dir=args.output_dir,
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=softmax_only_steps > 0)],
-    )
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    set_seed(args.seed)
-    output_dir, checkpoint_dir = Path(args.output_dir), Path(args.output_dir) / "checkpoints"
-    if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        remove_partial_checkpoints(checkpoint_dir)
-    accelerator.wait_for_everyone()
-    checkpoint = latest_checkpoint(checkpoint_dir) if args.resume else None
+    def __init__(self, args: PretrainArguments):
+        self.args = args
+        init_config = elmo_config(args.init_model) if args.init_model else None
+        self.word_tokenizer_name = args.word_tokenizer or getattr(init_config, "word_tokenizer", None) or "spacy:en"
+        new_softmax_on_trained_encoder = init_config is not None and not init_config.vocab_size
+        softmax_only_steps = args.softmax_only_steps
+        if softmax_only_steps is None:
+            limit = args.max_steps // 10 if args.max_steps else DEFAULT_SOFTMAX_ONLY_STEPS
+            softmax_only_steps = min(DEFAULT_SOFTMAX_ONLY_STEPS, limit) if new_softmax_on_trained_encoder else 0
+        self.softmax_only_steps = softmax_only_steps
 
-    # Model, vocabulary and data
-    lm, vocabulary, started_from = load_model(args, init_config, accelerator, word_tokenizer_name)
-    lm.config.word_tokenizer = word_tokenizer_name
-    lm.config.word_vocab_file = VOCAB_FILE
-    char_tokenizer = ElmoCharTokenizer.for_model(lm.config)
-    word_tokenizer = get_word_tokenizer(word_tokenizer_name)
-    train_files = expand_files(args.train_files)
-    validation_files = expand_files(args.validation_files) if args.validation_files else []
+        # The biLM is frozen in the softmax-only steps: DDP must accept parameters without gradients then.
+        self.accelerator = accelerator = Accelerator(
+            cpu=args.cpu,
+            mixed_precision=args.mixed_precision,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            log_with=args.report_to,
+            project_dir=args.output_dir,
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=softmax_only_steps > 0)],
+        )
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        set_seed(args.seed)
+        self.output_dir, self.checkpoint_dir = Path(args.output_dir), Path(args.output_dir) / "checkpoints"
+        if accelerator.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            remove_partial_checkpoints(self.checkpoint_dir)
+        accelerator.wait_for_everyone()
+        checkpoint = latest_checkpoint(self.checkpoint_dir) if args.resume else None
 
-    def batches(files: list[str], shuffle: bool) -> LMBatches:
-        return LMBatches(
-            files, word_tokenizer, vocabulary, char_tokenizer, batch_tokens=args.batch_tokens, max_words=args.max_words,
-            block_lines=args.block_lines, shuffle=shuffle, seed=args.seed, rank=accelerator.process_index,
-            world_size=accelerator.num_processes,
+        # Model, vocabulary and data
+        lm, self.vocabulary, self.started_from = load_model(args, init_config, accelerator, self.word_tokenizer_name)
+        lm.config.word_tokenizer = self.word_tokenizer_name
+        lm.config.word_vocab_file = VOCAB_FILE
+        self.char_tokenizer = ElmoCharTokenizer.for_model(lm.config)
+        self.word_tokenizer = get_word_tokenizer(self.word_tokenizer_name)
+        self.train_files = expand_files(args.train_files)
+        self.validation_files = expand_files(args.validation_files) if args.validation_files else []
+        self.train_data = self._batches(self.train_files, shuffle=True)
+        # Each process reads its own part, so the loader is not prepared (sharded) by Accelerate; its own generator
+        # keeps it from drawing on the global RNG, whose state the checkpoints restore.
+        self.train_loader = DataLoader(
+            self.train_data, batch_size=None, num_workers=args.num_workers, generator=torch.Generator(),
+            pin_memory=accelerator.device.type == "cuda",
         )
 
-    train_data = batches(train_files, shuffle=True)
-    # Each process reads its own part, so the loader is not prepared (sharded) by Accelerate; its own generator
-    # keeps it from drawing on the global RNG, whose state the checkpoints restore.
-    train_loader = DataLoader(
-        train_data, batch_size=None, num_workers=args.num_workers, generator=torch.Generator(),
-        pin_memory=accelerator.device.type == "cuda",
-    )
+        # Objective, optimizer and schedule, prepared by Accelerate (device, DDP, mixed precision)
+        objective = BidirectionalLMLoss(lm, num_sampled=args.num_sampled)
+        optimizer = make_optimizer(args, objective.parameters())
+        scheduler = get_scheduler(
+            args.lr_scheduler, optimizer,
+            num_warmup_steps=args.warmup_steps * accelerator.num_processes,
+            num_training_steps=(args.max_steps or 0) * accelerator.num_processes,
+        )
+        self.objective, self.optimizer, self.scheduler = accelerator.prepare(objective, optimizer, scheduler)
 
-    # Objective, optimizer and schedule, prepared by Accelerate (device, DDP, mixed precision)
-    objective = BidirectionalLMLoss(lm, num_sampled=args.num_sampled)
-    optimizer = make_optimizer(args, objective.parameters())
-    scheduler = get_scheduler(
-        args.lr_scheduler, optimizer,
-        num_warmup_steps=args.warmup_steps * accelerator.num_processes,
-        num_training_steps=(args.max_steps or 0) * accelerator.num_processes,
-    )
-    objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
-    state = {"step": 0, "position": [0, 0, 0], "tokens": 0, "sequences": 0, "world_size": accelerator.num_processes}
-    if checkpoint is not None:
-        state = load_checkpoint(accelerator, checkpoint)
-        if state["world_size"] != accelerator.num_processes:
-            raise ValueError(f"{checkpoint} was written by {state['world_size']} processes; resume with as many")
-        logger.info(f"Resuming from {checkpoint} (step {state['step']})", main_process_only=True)
-    accelerator.init_trackers(
-        "elmo-pretrain", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
-    )
-    logger.info(f"{sum(p.numel() for p in lm.parameters()):,} parameters, vocabulary {len(vocabulary):,}, "
-                f"{len(train_files)} training files, processes: {accelerator.num_processes} on {accelerator.device}")
+        # Progress: optimizer steps, the data position, and this process's counts of sequences and targets (words
+        # + one </S> per line); since the last log, forward CE, backward CE and targets.
+        state = {"step": 0, "position": [0, 0, 0], "tokens": 0, "sequences": 0, "world_size": accelerator.num_processes}
+        if checkpoint is not None:
+            state = load_checkpoint(accelerator, checkpoint)
+            if state["world_size"] != accelerator.num_processes:
+                raise ValueError(f"{checkpoint} was written by {state['world_size']} processes; resume with as many")
+            logger.info(f"Resuming from {checkpoint} (step {state['step']})", main_process_only=True)
+        self.step, self.position, self.last_saved = state["step"], DataPosition(*state["position"]), state["step"]
+        self.sequences, self.tokens = state["sequences"], state["tokens"]
+        self.window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+        self.log_file = self.output_dir / "training_log.jsonl"
+        if accelerator.is_main_process and self.log_file.is_file():  # records after the checkpoint are written again
+            keep = [line for line in self.log_file.read_text(encoding="utf-8").splitlines(keepends=True)
+                    if checkpoint is not None and json.loads(line)["step"] <= self.step]
+            self.log_file.write_text("".join(keep), encoding="utf-8")
+        accelerator.init_trackers(
+            "elmo-pretrain", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
+        )
+        logger.info(f"{sum(p.numel() for p in lm.parameters()):,} parameters, vocabulary {len(self.vocabulary):,}, "
+                    f"{len(self.train_files)} training files, processes: {accelerator.num_processes} on "
+                    f"{accelerator.device}")
+        self.progress: tqdm | None = None
 
-    # Training loop. This process's counts: sequences, targets (words + one </S> per line) and, since the last log,
-    # forward CE, backward CE and targets.
-    step, position, last_saved = state["step"], DataPosition(*state["position"]), state["step"]
-    sequences, tokens = state["sequences"], state["tokens"]
-    window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
-    window_start = time.perf_counter()
-    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process,
-                    desc="elmo pretrain", unit="step")
-    log_file = output_dir / "training_log.jsonl"
-    if accelerator.is_main_process and log_file.is_file():  # records after the checkpoint are written again
-        keep = [line for line in log_file.read_text(encoding="utf-8").splitlines(keepends=True)
-                if checkpoint is not None and json.loads(line)["step"] <= step]
-        log_file.write_text("".join(keep), encoding="utf-8")
+    def _batches(self, files: list[str], shuffle: bool) -> LMBatches:
+        args = self.args
+        return LMBatches(
+            files, self.word_tokenizer, self.vocabulary, self.char_tokenizer, batch_tokens=args.batch_tokens,
+            max_words=args.max_words, block_lines=args.block_lines, shuffle=shuffle, seed=args.seed,
+            rank=self.accelerator.process_index, world_size=self.accelerator.num_processes,
+        )
 
-    def log(record: dict) -> None:
-        record = {"step": step, "epoch": position.epoch, **record}
-        if accelerator.is_main_process:
-            with log_file.open("a", encoding="utf-8") as out:
+    @property
+    def finished(self) -> bool:
+        return self.args.max_steps is not None and self.step >= self.args.max_steps
+
+    def run(self) -> Path:
+        """Train, evaluate and write the output directory; returns it."""
+        args, accelerator = self.args, self.accelerator
+        self.progress = tqdm(total=args.max_steps, initial=self.step, disable=not accelerator.is_local_main_process,
+                             desc="elmo pretrain", unit="step")
+        self.window_start = time.perf_counter()
+        self.objective.train()
+        for epoch in range(self.position.epoch, args.num_train_epochs):
+            if self.finished:
+                break
+            self.train_data.set_position(self.position if epoch == self.position.epoch else DataPosition(epoch))
+            loader = iter(self.train_loader)
+            while not self.finished and self._all_processes_have(batch := next(loader, None)):
+                self._step(batch)
+            if not self.finished:
+                self.position = DataPosition(epoch + 1)
+        if self.step == 0:
+            raise ValueError(f"no training batch: the training files ({describe_files(self.train_files)}) hold no "
+                             f"words once split by the {self.word_tokenizer_name!r} word tokenizer")
+        if self.step != self.last_saved:
+            self._save()
+        self.progress.close()
+
+        validation = self._validate()
+        if validation is not None:
+            self._log({f"validation_{key}": value for key, value in validation.items()})
+        self._write_output(validation)
+        # Every process releases the DDP model (which holds the process group), then the group, at the same time: a
+        # group still referenced when a process exits can block that process forever.
+        accelerator.wait_for_everyone()
+        self.objective, self.optimizer, self.scheduler = accelerator.free_memory(
+            self.objective, self.optimizer, self.scheduler
+        )
+        accelerator.end_training()
+        return self.output_dir
+
+    def _step(self, batch: dict) -> None:
+        """One batch: forward, backward and (at the end of an accumulation) an optimizer step, log, evaluation and
+        checkpoint as the arguments say."""
+        args, accelerator, objective = self.args, self.accelerator, self.objective
+        position = DataPosition(*batch.pop("position"))
+        batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()}
+        accelerator.unwrap_model(objective).encoder_frozen = self.step < self.softmax_only_steps
+        with accelerator.accumulate(objective):
+            output = objective(**batch)
+            accelerator.backward(output.loss)
+            if accelerator.sync_gradients and args.max_grad_norm:
+                accelerator.clip_grad_norm_(objective.parameters(), args.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad()
+        self.position = position
+        self.sequences += len(batch["labels"])
+        self.tokens += int(output.n_targets)
+        self.window += torch.stack([output.forward_loss_sum.double(), output.backward_loss_sum.double(),
+                                    output.n_targets.double()])
+        if not accelerator.sync_gradients:
+            return
+        self.step += 1
+        self.progress.update(1)
+        if self.step % args.logging_steps == 0 or self.finished:
+            self._log_training()
+        pause = time.perf_counter()  # tokens/s measures training: evaluation and checkpoints are left out
+        if args.eval_steps and self.step % args.eval_steps == 0 and not self.finished:
+            self._log({f"validation_{key}": value for key, value in self._validate().items()})
+        if self.step % args.save_steps == 0 or self.finished:
+            self._save()
+        self.window_start += time.perf_counter() - pause
+
+    def _log_training(self) -> None:
+        """Log the training perplexities and speed since the last log (all processes)."""
+        forward_sum, backward_sum, n_targets = self.accelerator.reduce(self.window, reduction="sum").tolist()
+        train = perplexities(forward_sum, backward_sum, int(n_targets))
+        speed = n_targets / (time.perf_counter() - self.window_start)
+        self._log({
+            "loss": 0.5 * (forward_sum + backward_sum) / max(n_targets, 1),
+            "forward_perplexity": train["forward_perplexity"],
+            "backward_perplexity": train["backward_perplexity"],
+            "sampled_softmax": bool(self.args.num_sampled),
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "tokens_per_second": speed,
+            "tokens": self._total_tokens(),
+        })
+        self.progress.set_postfix(ppl=f"{train['average_perplexity']:.1f}", tok_s=f"{speed:.0f}")
+        self.window.zero_()
+        self.window_start = time.perf_counter()
+
+    def _log(self, record: dict) -> None:
+        record = {"step": self.step, "epoch": self.position.epoch, **record}
+        if self.accelerator.is_main_process:
+            with self.log_file.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(record) + "\n")
-            progress.write(json.dumps(record))
-        accelerator.log(record, step=step)
+            self.progress.write(json.dumps(record))
+        self.accelerator.log(record, step=self.step)
 
-    def validate() -> dict[str, float] | None:
-        if not validation_files:
+    def _validate(self) -> dict[str, float] | None:
+        if not self.validation_files:
             return None
-        model = accelerator.unwrap_model(objective)  # no DDP hooks: processes may have different batch counts
-        return evaluate(model, batches(validation_files, shuffle=False), accelerator.device, accelerator,
-                        progress=accelerator.is_main_process)
+        model = self.accelerator.unwrap_model(self.objective)  # no DDP hooks: processes may differ in batch counts
+        return evaluate(model, self._batches(self.validation_files, shuffle=False), self.accelerator.device,
+                        self.accelerator, progress=self.accelerator.is_main_process)
 
-    def total_tokens() -> int:
-        return int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), reduction="sum"))
+    def _total_tokens(self) -> int:
+        return int(self.accelerator.reduce(torch.tensor(self.tokens, device=self.accelerator.device), reduction="sum"))
 
-    def save(step: int, position: DataPosition) -> None:
-        state = {"step": step, "position": [position.epoch, position.block, position.batch], "tokens": tokens,
-                 "sequences": sequences, "world_size": accelerator.num_processes}
-        save_checkpoint(accelerator, checkpoint_dir, step, state, keep=args.save_total_limit)
+    def _save(self) -> None:
+        position = self.position
+        state = {"step": self.step, "position": [position.epoch, position.block, position.batch],
+                 "tokens": self.tokens, "sequences": self.sequences, "world_size": self.accelerator.num_processes}
+        save_checkpoint(self.accelerator, self.checkpoint_dir, self.step, state, keep=self.args.save_total_limit)
+        self.last_saved = self.step
 
-    def all_processes_have(batch: dict | None) -> bool:
+    def _all_processes_have(self, batch: dict | None) -> bool:
         """An epoch ends for every process when one runs out of data (they must take the same steps)."""
+        accelerator = self.accelerator
         if accelerator.num_processes == 1:
             return batch is not None
         return bool(accelerator.gather(torch.tensor([int(batch is not None)], device=accelerator.device)).all())
 
-    objective.train()
-    finished = args.max_steps is not None and step >= args.max_steps
-    for epoch in range(position.epoch, args.num_train_epochs):
-        if finished:
-            break
-        train_data.set_position(position if epoch == position.epoch else DataPosition(epoch))
-        loader = iter(train_loader)
-        while not finished and all_processes_have(batch := next(loader, None)):
-            position = DataPosition(*batch.pop("position"))
-            batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()}
-            accelerator.unwrap_model(objective).encoder_frozen = step < softmax_only_steps
-            with accelerator.accumulate(objective):
-                output = objective(**batch)
-                accelerator.backward(output.loss)
-                if accelerator.sync_gradients and args.max_grad_norm:
-                    accelerator.clip_grad_norm_(objective.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            sequences += len(batch["labels"])
-            tokens += int(output.n_targets)
-            window += torch.stack([output.forward_loss_sum.double(), output.backward_loss_sum.double(),
-                                   output.n_targets.double()])
-            if not accelerator.sync_gradients:
-                continue
-            step += 1
-            progress.update(1)
-            finished = args.max_steps is not None and step >= args.max_steps
-            if step % args.logging_steps == 0 or finished:
-                forward_sum, backward_sum, n_targets = accelerator.reduce(window, reduction="sum").tolist()
-                train = perplexities(forward_sum, backward_sum, int(n_targets))
-                speed = n_targets / (time.perf_counter() - window_start)
-                log({
-                    "loss": 0.5 * (forward_sum + backward_sum) / max(n_targets, 1),
-                    "forward_perplexity": train["forward_perplexity"],
-                    "backward_perplexity": train["backward_perplexity"],
-                    "sampled_softmax": bool(args.num_sampled),
-                    "learning_rate": scheduler.get_last_lr()[0],
-                    "tokens_per_second": speed,
-                    "tokens": total_tokens(),
-                })
-                progress.set_postfix(ppl=f"{train['average_perplexity']:.1f}", tok_s=f"{speed:.0f}")
-                window.zero_()
-                window_start = time.perf_counter()
-            pause = time.perf_counter()  # tokens/s measures training: evaluation and checkpoints are left out
-            if args.eval_steps and step % args.eval_steps == 0 and not finished:
-                log({f"validation_{key}": value for key, value in validate().items()})
-            if step % args.save_steps == 0 or finished:
-                save(step, position)
-                last_saved = step
-            window_start += time.perf_counter() - pause
-        if not finished:
-            position = DataPosition(epoch + 1)
-    if step == 0:
-        raise ValueError(f"no training batch: the training files ({describe_files(train_files)}) hold no words once "
-                         f"split by the {word_tokenizer_name!r} word tokenizer")
-    if step != last_saved:
-        save(step, position)
-    progress.close()
-
-    # Final evaluation and the save_pretrained directory
-    validation = validate()
-    if validation is not None:
-        log({f"validation_{key}": value for key, value in validation.items()})
-    # Per process: the data it read, and a checksum of its weights (equal everywhere when gradients are in sync).
-    processes = gather_object(
-        [{"sequences": sequences, "tokens": tokens,
-          "parameter_sum": sum(p.double().sum().item() for p in objective.parameters())}]
-    )
-    tokens = total_tokens()
-    if accelerator.is_main_process:
-        lm = accelerator.unwrap_model(objective).lm
-        lm.save_pretrained(output_dir)
-        char_tokenizer.save_pretrained(output_dir)
-        vocabulary.save_pretrained(output_dir)
+    def _write_output(self, validation: dict[str, float] | None) -> None:
+        """The `save_pretrained` directory: model, tokenizer, vocabulary, card and `trainer_state.json`."""
+        args, accelerator = self.args, self.accelerator
+        # Per process: the data it read, and a checksum of its weights (equal everywhere when gradients are in sync).
+        processes = gather_object(
+            [{"sequences": self.sequences, "tokens": self.tokens,
+              "parameter_sum": sum(p.double().sum().item() for p in self.objective.parameters())}]
+        )
+        tokens = self._total_tokens()
+        if not accelerator.is_main_process:
+            return
+        lm = accelerator.unwrap_model(self.objective).lm
+        lm.save_pretrained(self.output_dir)
+        self.char_tokenizer.save_pretrained(self.output_dir)
+        self.vocabulary.save_pretrained(self.output_dir)
         batch_description = (
             f"batches of {args.batch_tokens:,} padded positions, processes: {accelerator.num_processes}, "
             f"gradient accumulation: {args.gradient_accumulation_steps}"
         )
         source = training_source(
-            started_from=started_from,
-            corpus=args.corpus_name or describe_files(train_files),
-            word_tokenizer=word_tokenizer_name,
-            vocab_size=len(vocabulary),
+            started_from=self.started_from,
+            corpus=args.corpus_name or describe_files(self.train_files),
+            word_tokenizer=self.word_tokenizer_name,
+            vocab_size=len(self.vocabulary),
             num_sampled=args.num_sampled,
-            steps=step,
+            steps=self.step,
             tokens=tokens,
             batch=batch_description,
             optimizer=f"{args.optimizer}, learning rate {args.learning_rate} ({args.lr_scheduler})",
             validation=validation,
-            validation_corpus=describe_files(validation_files),
+            validation_corpus=describe_files(self.validation_files),
         )
         base_model = args.init_model if args.init_model and not Path(args.init_model).exists() else None
-        metadata = CardMetadata(datasets=args.dataset_ids, base_model=base_model)
-        write_model_card(output_dir, lm, source, metadata=metadata)
-        trainer_state = {"step": step, "epoch": position.epoch, "tokens": tokens, "validation": validation,
+        write_model_card(self.output_dir, lm, source,
+                         metadata=CardMetadata(datasets=args.dataset_ids, base_model=base_model))
+        trainer_state = {"step": self.step, "epoch": self.position.epoch, "tokens": tokens, "validation": validation,
                          "processes": processes}
-        (output_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+        (self.output_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
         if args.push_to_hub:
-            push_directory(output_dir, args.push_to_hub, ignore_patterns=NOT_UPLOADED,
+            push_directory(self.output_dir, args.push_to_hub, ignore_patterns=NOT_UPLOADED,
                            commit_message="Upload ELMo biLM trained with elmo pretrain")
-    # Every process releases the DDP model (which holds the process group), then the group, at the same time: a
-    # group still referenced when a process exits can block that process forever.
-    accelerator.wait_for_everyone()
-    objective, optimizer, scheduler = accelerator.free_memory(objective, optimizer, scheduler)
-    accelerator.end_training()
-    return output_dir
+
+
+def train(args: PretrainArguments) -> Path:
+    """Train as `args` say; returns the output directory."""
+    return Pretraining(args).run()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
