@@ -264,6 +264,10 @@ def embed(
         int | None, typer.Option(help="`allennlp elmo`'s device: -1 for the CPU, n for cuda:n.")
     ] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    bf16: Annotated[
+        bool, typer.Option("--bf16", help="Run the biLM under bf16 autocast (float32 output, not exact): for CPUs with "
+                           "native bf16 (AVX512-BF16, AMX) and GPUs.")
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
@@ -378,6 +382,7 @@ def embed(
             device=torch_device,
             options_file=options_file,
             weight_file=weight_file,
+            bf16=bf16,
         )
     except (legacy.LegacyWeightsError, *LOAD_ERRORS) as error:
         _fail(f"cannot load the model: {error}")

@@ -89,6 +89,18 @@ def onednn_available() -> bool:
     return torch.equal(output, torch.full((1, 3), 2.0))
 
 
+@cache
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX, from the Linux CPU flags; False where
+    they cannot be read). Elsewhere bf16 autocast is emulated: slower than float32, or barely faster."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def onednn_usable(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
     """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast (compilers
     and `torch.export` get `F.linear`)."""

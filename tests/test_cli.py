@@ -242,6 +242,18 @@ def test_embed_mix_applies_softmaxed_weights_and_gamma(tiny_model, tiny_model_di
         np.testing.assert_allclose(vectors, expected, atol=1e-5, rtol=0)
 
 
+def test_embed_bf16_flag_runs_bf16_autocast(tiny_model_dir, tmp_path):
+    source = tmp_path / "input.txt"
+    source.write_text("One sentence here.\nAnd a second, longer one for the biLM.\n", encoding="utf-8")
+    outputs = {}
+    for name, flags in (("exact", ()), ("bf16", ("--bf16",))):
+        result = run("embed", tiny_model_dir, source, tmp_path / f"{name}.npy", "-q", *flags)
+        assert result.exit_code == 0, result.output
+        outputs[name] = read_npy_output(tmp_path / f"{name}.npy")
+    for a, b in zip(outputs["exact"], outputs["bf16"], strict=True):
+        assert b.dtype == np.float32 and 0 < np.abs(a - b).max() < 0.05 * np.abs(a).max()
+
+
 def test_embed_shows_progress_and_a_summary_unless_quiet(tiny_model_dir, tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("a b\nc\n", encoding="utf-8")

@@ -439,3 +439,24 @@ def test_embedding_in_parts_needs_a_file_and_a_valid_rank(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="unknown output format '.txt'"):
         embed_file_in_parts(embedder, source, tmp_path / "out.txt", 0, 2, never_reached)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # nothing written
+
+
+def test_bf16_is_opt_in_close_to_float32_and_gives_float32(tiny_model):
+    """bf16 autocast runs only when asked for, says when the CPU would emulate it, and changes the vectors by bf16
+    rounding only (not exact: the default stays float32)."""
+    import warnings
+
+    from hf_elmo.kernels import native_bf16_cpu
+
+    sentences = [["The", "bank", "of", "the", "river", "."], ["Hi"], [f"w{i}" for i in range(40)]]
+    exact = ElmoEmbedder(tiny_model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        low = ElmoEmbedder(tiny_model, bf16=True)
+    assert any("no native bf16" in str(w.message) for w in caught) == (not native_bf16_cpu())
+    for a, b in zip(exact.embed_batch(sentences), low.embed_batch(sentences), strict=True):
+        assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+        assert 0 < np.abs(a - b).max() < 0.05 * np.abs(a).max()  # bf16 really ran, and only rounded
+        cosine = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+        assert cosine.min() > 0.999
+    np.testing.assert_array_equal(exact.embed_batch(sentences)[0], ElmoEmbedder(tiny_model).embed_batch(sentences)[0])
