@@ -152,7 +152,7 @@ class ElmoEmbedder:
         self.bf16 = bf16
         if bf16 and self.device.type == "cpu" and not native_bf16_cpu():
             warnings.warn("bf16 was asked for, but this CPU has no native bf16 (AVX512-BF16 or AMX): it is emulated, "
-                          "and float32 (the default, exact) is about as fast or faster", stacklevel=2)
+                          "usually slower than float32 (the default, exact)", stacklevel=2)
         self._set_layers(layers, scalar_parameters, gamma)
 
     def _set_layers(self, layers: str, scalar_parameters: Sequence[float] | None = None, gamma: float = 1.0) -> None:

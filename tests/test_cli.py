@@ -242,6 +242,7 @@ def test_embed_mix_applies_softmaxed_weights_and_gamma(tiny_model, tiny_model_di
         np.testing.assert_allclose(vectors, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:bf16 was asked for")  # where the CPU has no native bf16 (test_embed checks it)
 def test_embed_bf16_flag_runs_bf16_autocast(tiny_model_dir, tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("One sentence here.\nAnd a second, longer one for the biLM.\n", encoding="utf-8")
