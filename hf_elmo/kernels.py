@@ -147,10 +147,13 @@ def packed_lstm_weights(
     options: ElmoKernelOptions,
     inference_cache: ElmoInferenceCache | None,
 ) -> PackedWeights | None:
-    """The (2, N, K) LSTM step weights packed per direction when `linear` would use oneDNN for `x`, else None:
-    from `inference_cache` when given, else packed for this call (one packing serves every step)."""
+    """The (2, N, K) LSTM step weights packed per direction when `both_directions` would use them for `x` (2, rows,
+    steps, K), else None: from `inference_cache` when given, else packed for this call (one packing serves every
+    step). A one-row call whose weights all take the batched-MKL step packs nothing."""
     present = [w for w in weights if w is not None]
     if not present or not onednn_usable(x, present[0], options):
+        return None
+    if x.shape[1] == 1 and all(w[0].numel() <= options.single_row_bmm_max_weight for w in present):
         return None
     if inference_cache is not None:
         return inference_cache.packed_weights(weights)

@@ -488,6 +488,17 @@ def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer)
     for a, b in zip(small_weights.hidden_states, forced_onednn.hidden_states):
         assert (a - b).abs().max() <= 1e-6
     assert small_weights.hidden_states[-1].abs().sum() > 0
+    # Such a call never reads packed weights, so none are made; a batch of several rows packs them.
+    from hf_elmo.kernels import onednn_available
+
+    model.kernel_options = ElmoKernelOptions()
+    cache = ElmoInferenceCache()
+    run_with = {"inference_cache": cache}
+    with torch.no_grad():
+        model(**tokenizer(SENTENCES[:1], is_split_into_words=True, return_tensors="pt"), **run_with)
+        assert cache._packed == {}
+        model(**tokenizer(SENTENCES[:2], is_split_into_words=True, padding=True, return_tensors="pt"), **run_with)
+    assert len(cache._packed) == (4 if onednn_available() else 0)
 
 
 def _with_empty_row(encoded):
