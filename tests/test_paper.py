@@ -10,8 +10,8 @@ from spacy_fixtures import DATA, REPO, run_python
 
 def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     require(DATA / "sst2" / "stsa.binary.train")
-    run_python(REPO / "benchmarks" / "paper" / "run.py", "--quick", "--tasks", "sst2", "--threads", "1",
-               "--out", tmp_path, timeout=1200)
+    run = REPO / "benchmarks" / "paper" / "run.py"
+    run_python(run, "--quick", "--tasks", "sst2", "--threads", "1", "--out", tmp_path, timeout=1200)
     experiments = ["results", "layers", "placement", "efficiency", "weights", "probe", "neighbours"]
     for name in experiments:
         assert (tmp_path / f"{name}.md").read_text().startswith(f"# {name}\n")
@@ -31,3 +31,17 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     assert all(abs(score - 1.0) < 1e-5 for n in token_layer for score, _ in n["neighbours"])  # no context there
     for figure in ("efficiency.png", "weights.png"):
         assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG"
+
+    # Runs are recorded as they finish and not trained again with the same settings (here: from another --out);
+    # another budget trains them again.
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    keys = ("sst2/without/seed0/1", "sst2/with/seed0/1")
+    again = run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1",
+                       "--out", tmp_path / "again", "--reuse", tmp_path, timeout=600)
+    assert all(f"{key}: {100 * runs[key]['score']:.2f} from {runs[key]['path']}" in again for key in keys)
+    assert json.loads((tmp_path / "again" / "runs.json").read_text()) == {key: runs[key] for key in keys}
+    run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1", "--max-steps", "7",
+               "--out", tmp_path / "longer", "--reuse", tmp_path, timeout=600)
+    longer = json.loads((tmp_path / "longer" / "runs.json").read_text())
+    assert set(longer) == set(keys) and all(longer[key]["settings"]["max_steps"] == 7 for key in keys)
+    assert all(longer[key]["path"].startswith(str(tmp_path / "longer")) for key in keys)

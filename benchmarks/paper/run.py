@@ -16,6 +16,7 @@ top layer vs. token layer; Table 4). Each writes `<out>/<experiment>.md` and `.j
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import random
@@ -54,14 +55,52 @@ LAYER_VARIANTS = {
 }
 
 
+def model_fingerprint(model: str) -> str:
+    """The first 16 hex digits of the SHA-256 of the biLM's weights (a directory or a Hub id in the local cache):
+    what tells runs of two biLMs apart when both are called "default"."""
+    from huggingface_hub import hf_hub_download
+
+    from hf_elmo import model_location
+
+    location = Path(model_location(model))
+    weights = location / "model.safetensors" if location.is_dir() else Path(
+        hf_hub_download(str(model), "model.safetensors"))
+    digest = hashlib.sha256()
+    with weights.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 class Runner:
-    """Trains the shipped configs with `spacy train` (in this process) and remembers every run's best dev score."""
+    """Trains the shipped configs with `spacy train` (in this process) and remembers every run's best dev score in
+    `<out>/runs.json`, written after each run. A run already there, or in a `--reuse` directory's `runs.json`, with the
+    same settings (budget, device and, with ELMo, the biLM's weights) is not trained again: an interrupted command
+    goes on where it stopped, and the runs without ELMo serve every biLM. One command at a time per `--out`."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.out: Path = args.out
         self.corpora = self.out / "corpora"
+        self.fingerprint = model_fingerprint(args.model)
         self.runs: dict[str, dict] = {}
+        self.earlier: dict[str, dict] = {}
+        for directory in [*args.reuse, self.out]:
+            if (directory / "runs.json").exists():
+                self.earlier.update(json.loads((directory / "runs.json").read_text()))
+
+    def settings(self, elmo: bool) -> dict:
+        """What a run's score depends on besides its task, variant, seed and share of the training set."""
+        args = self.args
+        return {"max_steps": args.max_steps, "eval_frequency": args.eval_frequency, "train_docs": args.train_docs,
+                "dev_docs": args.dev_docs, "device": "gpu" if args.gpu_id >= 0 else "cpu",
+                "model": self.fingerprint if elmo else None}
+
+    def save(self) -> None:
+        path = self.out / "runs.json"
+        runs = {**json.loads(path.read_text()), **self.runs} if path.exists() else self.runs
+        path.with_suffix(".tmp").write_text(json.dumps(runs, indent=1))
+        path.with_suffix(".tmp").replace(path)
 
     def corpus(self, task: str, split: str) -> Path:
         _, reader, train_file, dev_file, _, _ = TASKS[task]
@@ -75,6 +114,10 @@ class Runner:
               fraction: float = 1.0) -> float:
         """Best dev score of the task's shipped config (ELMo at `elmo`, every mix overridden by `mix`)."""
         key = f"{task}/{name}/seed{seed}/{fraction:g}"
+        settings = self.settings(elmo != "none")
+        if key not in self.runs and self.earlier.get(key, {}).get("settings") == settings:
+            self.runs[key] = self.earlier[key]
+            print(f"{key}: {100 * self.runs[key]['score']:.2f} from {self.runs[key]['path']}", flush=True)
         if key in self.runs:
             return self.runs[key]["score"]
         config_name, _, _, _, score_key, _ = TASKS[task]
@@ -105,7 +148,9 @@ class Runner:
         spacy_train(config_path, output, use_gpu=self.args.gpu_id, overrides=overrides)
         meta = json.loads((output / "model-best" / "meta.json").read_text())
         score = float(meta["performance"][score_key])
-        self.runs[key] = {"score": score, "seconds": round(time.perf_counter() - start), "path": str(output)}
+        self.runs[key] = {"score": score, "seconds": round(time.perf_counter() - start), "path": str(output),
+                          "settings": settings}
+        self.save()
         print(f"{key}: {score_key} {100 * score:.2f} ({self.runs[key]['seconds']} s)", flush=True)
         return score
 
@@ -282,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gpu-id", type=int, default=-1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--reuse", nargs="+", type=Path, default=[],
+                        help="directories of earlier commands whose runs (same settings) are not trained again")
     args = parser.parse_args(argv)
     quick = args.quick
     defaults = dict(seeds=[0] if quick else [0, 1, 2], max_steps=6 if quick else 2000,
@@ -297,13 +344,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for experiment in args.only:
         start = time.perf_counter()
         table, data = EXPERIMENT_FUNCTIONS[experiment](runner)
-        budget = (f"model {args.model}; {args.max_steps} steps per run, seeds {args.seeds}, train docs "
-                  f"{args.train_docs or 'all'}, dev docs {args.dev_docs or 'all'}; {platform.processor() or 'CPU'}, "
-                  f"{args.threads} threads; {time.perf_counter() - start:.0f} s")
+        budget = (f"model {args.model} (weights {runner.fingerprint}); {args.max_steps} steps per run, seeds "
+                  f"{args.seeds}, train docs {args.train_docs or 'all'}, dev docs {args.dev_docs or 'all'}; "
+                  f"{platform.processor() or 'CPU'}, {args.threads} threads; {time.perf_counter() - start:.0f} s")
         (args.out / f"{experiment}.md").write_text(f"# {experiment}\n\n{budget}\n\n{table}\n", encoding="utf-8")
         (args.out / f"{experiment}.json").write_text(json.dumps({"budget": budget, "data": data}, indent=1))
         print(f"\n## {experiment}\n{budget}\n{table}\n", flush=True)
-    (args.out / "runs.json").write_text(json.dumps(runner.runs, indent=1))
+    runner.save()  # with the runs reused from --reuse directories
 
 
 if __name__ == "__main__":
