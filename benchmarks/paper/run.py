@@ -84,10 +84,9 @@ class Runner:
         self.corpora = self.out / "corpora"
         self.fingerprint = model_fingerprint(args.model)
         self.runs: dict[str, dict] = {}
-        self.earlier: dict[str, dict] = {}
-        for directory in [*args.reuse, self.out]:
-            if (directory / "runs.json").exists():
-                self.earlier.update(json.loads((directory / "runs.json").read_text()))
+        self.earlier: list[dict[str, dict]] = [json.loads((directory / "runs.json").read_text())
+                                               for directory in [self.out, *args.reuse]
+                                               if (directory / "runs.json").exists()]
 
     def settings(self, elmo: bool) -> dict:
         """What a run's score depends on besides its task, variant, seed and share of the training set."""
@@ -115,8 +114,9 @@ class Runner:
         """Best dev score of the task's shipped config (ELMo at `elmo`, every mix overridden by `mix`)."""
         key = f"{task}/{name}/seed{seed}/{fraction:g}"
         settings = self.settings(elmo != "none")
-        if key not in self.runs and self.earlier.get(key, {}).get("settings") == settings:
-            self.runs[key] = self.earlier[key]
+        earlier = [runs[key] for runs in self.earlier if runs.get(key, {}).get("settings") == settings]
+        if key not in self.runs and earlier:
+            self.runs[key] = earlier[0]
             print(f"{key}: {100 * self.runs[key]['score']:.2f} from {self.runs[key]['path']}", flush=True)
         if key in self.runs:
             return self.runs[key]["score"]
