@@ -266,8 +266,9 @@ NEIGHBOUR_QUERIES = [
 
 
 def neighbours(runner: Runner) -> tuple[str, dict]:
-    """The sentences of the held-out corpus whose "play" is nearest to each query's, by the cosine of the top
-    biLM layer and of the token layer (the same vector for every occurrence: no context)."""
+    """The sentences of `pretrain-en` (the held-out file, then the training shards until `--neighbour-sentences`
+    are found) whose "play" is nearest to each query's, by the cosine of the top biLM layer and of the token layer
+    (the same vector for every occurrence: no context)."""
     import gzip
 
     from hf_elmo import ElmoModel, model_location
@@ -278,15 +279,19 @@ def neighbours(runner: Runner) -> tuple[str, dict]:
     tokenize = get_word_tokenizer(model.config.word_tokenizer or "spacy:en")  # lines -> words per line
     sentencizer = spacy.blank("en")
     sentencizer.add_pipe("sentencizer")
-    corpus = []
-    with gzip.open(DATA / "pretrain-en" / "valid.txt.gz", "rt", encoding="utf-8") as lines:
-        for line in lines:
-            for sentence in sentencizer(line.strip()[:5000]).sents if " play " in line else ():
-                [words] = tokenize([sentence.text])
-                if "play" in words and len(words) <= 60:
-                    corpus.append(words)
-            if len(corpus) >= runner.args.neighbour_sentences:
-                break
+    corpus, files = [], []
+    for path in [DATA / "pretrain-en" / "valid.txt.gz", *sorted((DATA / "pretrain-en").glob("shard-*.txt.gz"))]:
+        if len(corpus) >= runner.args.neighbour_sentences:
+            break
+        files.append(path.name)
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            for line in lines:
+                for sentence in sentencizer(line.strip()[:5000]).sents if " play " in line else ():
+                    [words] = tokenize([sentence.text])
+                    if "play" in words and len(words) <= 60:
+                        corpus.append(words)
+                if len(corpus) >= runner.args.neighbour_sentences:
+                    break
     queries = tokenize(NEIGHBOUR_QUERIES)
     embedder = ElmoEmbedder(model, layers="all")
     vectors = [layers[:, words.index("play")] for words, layers in
@@ -302,7 +307,7 @@ def neighbours(runner: Runner) -> tuple[str, dict]:
                 f"{similarity[i]:.3f} {' '.join(corpus[i])}" for i in best) + " |")
             nearest = [[float(similarity[i]), corpus[i]] for i in best]
             data.append({"layer": name, "query": query, "neighbours": nearest})
-    header = [f"{len(corpus)} sentences with 'play' from pretrain-en/valid.txt.gz", "",
+    header = [f"{len(corpus)} sentences with 'play' from pretrain-en ({', '.join(files)})", "",
               "| layer | query | nearest contexts (cosine) |", "|---|---|---|"]
     return "\n".join(header + lines), data
 
