@@ -74,6 +74,11 @@ class ElmoKernelOptions:
             return reference.is_cuda and not clipped
         return self.fused_lstm == "always"
 
+    def uses_batched_step(self, rows: int, weight: torch.Tensor) -> bool:
+        """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both
+        directions rather than oneDNN: a single row and at most `single_row_bmm_max_weight` elements per direction."""
+        return rows == 1 and weight[0].numel() <= self.single_row_bmm_max_weight
+
 
 @cache
 def onednn_available() -> bool:
@@ -153,7 +158,7 @@ def packed_lstm_weights(
     present = [w for w in weights if w is not None]
     if not present or not onednn_usable(x, present[0], options):
         return None
-    if x.shape[1] == 1 and all(w[0].numel() <= options.single_row_bmm_max_weight for w in present):
+    if all(options.uses_batched_step(x.shape[1], w) for w in present):
         return None
     if inference_cache is not None:
         return inference_cache.packed_weights(weights)
@@ -169,10 +174,10 @@ def both_directions(
 ) -> torch.Tensor:
     """x (2, n, K) @ weight (2, N, K)ᵀ per direction, + add (one (n, N) per direction) → (2, n, N).
 
-    Through oneDNN with the packed weights; one batched matmul (MKL) without them, and for a single row with a
-    weight of at most `options.single_row_bmm_max_weight` elements, where oneDNN's fixed cost per call dominates.
+    Through oneDNN with the packed weights; one batched matmul (MKL) without them, and where
+    `options.uses_batched_step` (a single row and a small weight: oneDNN's fixed cost per call would dominate).
     """
-    if packed is not None and (x.shape[1] > 1 or weight[0].numel() > options.single_row_bmm_max_weight):
+    if packed is not None and not options.uses_batched_step(x.shape[1], weight):
         return torch.stack([linear(x[d], packed[d], None, options, add=None if add is None else add[d])
                             for d in range(2)])
     if add is None:
