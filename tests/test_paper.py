@@ -18,7 +18,8 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())["data"]["sst2"]
     assert all(0.0 <= score <= 1.0 for score in results["with"] + results["without"])
     layers = json.loads((tmp_path / "layers.json").read_text())["data"]["sst2"]
-    assert list(layers) == ["top layer only", "average (fixed)", "learned, lambda = 1", "learned, lambda = 0.001"]
+    assert list(layers) == ["top layer only", "average (fixed)", "learned, lambda = 1", "learned, lambda = 0.001",
+                            "learned from the top layer"]
     assert layers["learned, lambda = 0.001"] == results["with"]  # the same run, trained once
     weights = json.loads((tmp_path / "weights.json").read_text())["data"]
     assert [w["position"] for w in weights] == ["input", "output"]
@@ -45,3 +46,11 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     longer = json.loads((tmp_path / "longer" / "runs.json").read_text())
     assert set(longer) == set(keys) and all(longer[key]["settings"]["max_steps"] == 7 for key in keys)
     assert all(longer[key]["path"].startswith(str(tmp_path / "longer")) for key in keys)
+    # A run is reused only with the same config: a shipped config that changes trains its runs again.
+    with_config = tmp_path / "runs" / "sst2-with-seed0-1" / "config.cfg"
+    with_config.write_text(with_config.read_text().replace("l2 = 0.001", "l2 = 0.002"))
+    run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1",
+               "--out", tmp_path / "changed", "--reuse", tmp_path, timeout=600)
+    changed = json.loads((tmp_path / "changed" / "runs.json").read_text())
+    assert changed["sst2/without/seed0/1"] == runs["sst2/without/seed0/1"]
+    assert changed["sst2/with/seed0/1"]["path"].startswith(str(tmp_path / "changed"))

@@ -6,11 +6,12 @@ command. Every figure is a development-set score (test splits are not provided).
     python benchmarks/paper/run.py --only results --tasks ner --seeds 0 1 2 --max-steps 3000
 
 Experiments (`--only`): `results` (with vs. without ELMo, same task model and budget, relative error reduction;
-Table 1), `layers` (top layer only / average / learned mix with lambda 1 and 0.001; Table 2), `placement` (ELMo at
-the input only vs. input and output; Table 3), `efficiency` (with vs. without ELMo on 1 %, 10 %, 100 % of the
-training set; Figure 1), `weights` (the learned softmax(s) of every mix of the `results` pipelines; Figure 2),
-`probe` (a linear POS / NER probe per biLM layer; Table 6), `neighbours` (contextual nearest neighbours of "play",
-top layer vs. token layer; Table 4). Each writes `<out>/<experiment>.md` and `.json` (and a PNG for Figures 1-2).
+Table 1), `layers` (top layer only / average / learned mix from the average with lambda 1 and 0.001 / learned mix
+from the top layer; Table 2), `placement` (ELMo at the input only vs. input and output; Table 3), `efficiency`
+(with vs. without ELMo on 1 %, 10 %, 100 % of the training set; Figure 1), `weights` (the learned softmax(s) of
+every mix of the `results` pipelines; Figure 2), `probe` (a linear POS / NER probe per biLM layer; Table 6),
+`neighbours` (contextual nearest neighbours of "play", top layer vs. token layer; Table 4). Each writes
+`<out>/<experiment>.md` and `.json` (and a PNG for Figures 1-2).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ EXPERIMENTS = ("results", "layers", "placement", "efficiency", "weights", "probe
 LAYER_VARIANTS = {
     "top layer only": {"trainable": False, "initial_scalars": [-1e4, -1e4, 0.0]},
     "average (fixed)": {"trainable": False, "initial_scalars": None},
-    "learned, lambda = 1": {"l2": 1.0},
-    "learned, lambda = 0.001": {"l2": 0.001},
+    "learned, lambda = 1": {"l2": 1.0, "initial_scalars": None},
+    "learned, lambda = 0.001": {"l2": 0.001, "initial_scalars": None},
+    "learned from the top layer": {"l2": 0.001, "initial_scalars": [-2.0, 0.0, 2.0]},
 }
 
 
@@ -74,9 +76,11 @@ def model_fingerprint(model: str) -> str:
 
 class Runner:
     """Trains the shipped configs with `spacy train` (in this process) and remembers every run's best dev score in
-    `<out>/runs.json`, written after each run. A run already there, or in a `--reuse` directory's `runs.json`, with the
-    same settings (budget, device and, with ELMo, the biLM's weights) is not trained again: an interrupted command
-    goes on where it stopped, and the runs without ELMo serve every biLM. One command at a time per `--out`."""
+    `<out>/runs.json`, written after each run, and its config in its directory. A run already there, or in a `--reuse`
+    directory's `runs.json`, with the same config and settings (budget, device and, with ELMo, the biLM's weights) is
+    not trained again, whatever its variant is called: an interrupted command goes on where it stopped, the runs
+    without ELMo serve every biLM, and a change to a shipped config trains its runs again. One command at a time per
+    `--out`."""
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -113,22 +117,19 @@ class Runner:
               fraction: float = 1.0) -> float:
         """Best dev score of the task's shipped config (ELMo at `elmo`, every mix overridden by `mix`)."""
         key = f"{task}/{name}/seed{seed}/{fraction:g}"
-        settings = self.settings(elmo != "none")
-        earlier = [runs[key] for runs in self.earlier if runs.get(key, {}).get("settings") == settings]
-        if key not in self.runs and earlier:
-            self.runs[key] = earlier[0]
-            print(f"{key}: {100 * self.runs[key]['score']:.2f} from {self.runs[key]['path']}", flush=True)
-        if key in self.runs:
-            return self.runs[key]["score"]
         config_name, _, _, _, score_key, _ = TASKS[task]
         config = make_config(config_name, self.args.model, elmo)
         tok2vec = config["components"][config_name]["model"]["tok2vec"]
         for listener in ("elmo", "elmo_output"):
             if listener in tok2vec:
                 tok2vec[listener]["mix"].update(mix or {})
+        if key not in self.runs:
+            self.reuse(key, self.settings(elmo != "none"), config.to_str())
+        if key in self.runs:
+            return self.runs[key]["score"]
         output = self.out / "runs" / key.replace("/", "-").replace(" ", "_").replace(",", "")
-        config_path = output.with_suffix(".cfg")
         output.mkdir(parents=True, exist_ok=True)
+        config_path = output / "config.cfg"
         config.to_disk(config_path)
         train_path = self.corpus(task, "train")
         n_train = len(spacy.tokens.DocBin().from_disk(train_path))
@@ -149,13 +150,31 @@ class Runner:
         meta = json.loads((output / "model-best" / "meta.json").read_text())
         score = float(meta["performance"][score_key])
         self.runs[key] = {"score": score, "seconds": round(time.perf_counter() - start), "path": str(output),
-                          "settings": settings}
+                          "settings": self.settings(elmo != "none")}
         self.save()
         print(f"{key}: {score_key} {100 * score:.2f} ({self.runs[key]['seconds']} s)", flush=True)
         return score
 
+    def reuse(self, key: str, settings: dict, config: str) -> None:
+        """Take a finished run of the same task, seed and share of the training set, with the same settings and
+        the same config (whatever its variant's name: the shipped config is also a variant of `layers`)."""
+        for runs in [self.runs, *self.earlier]:
+            for other, run in runs.items():
+                config_file = Path(run["path"]) / "config.cfg"
+                if (same_data(other, key) and run.get("settings") == settings
+                        and config_file.is_file() and config_file.read_text(encoding="utf-8") == config):
+                    self.runs[key] = run
+                    print(f"{key}: {100 * run['score']:.2f} from {run['path']}", flush=True)
+                    return
+
     def scores(self, task: str, name: str, **settings) -> list[float]:
         return [self.train(task, name, seed, **settings) for seed in self.args.seeds]
+
+
+def same_data(key: str, other: str) -> bool:
+    """Whether two run keys (task/variant/seed/share) name the same task, seed and share of the training set."""
+    (task, _, seed, share), (other_task, _, other_seed, other_share) = key.split("/"), other.split("/")
+    return (task, seed, share) == (other_task, other_seed, other_share)
 
 
 def mean_std(values: Sequence[float]) -> str:
@@ -182,8 +201,7 @@ def layers(runner: Runner) -> tuple[str, dict]:
     lines = ["| task | " + " | ".join(LAYER_VARIANTS) + " |", "|---" * (len(LAYER_VARIANTS) + 1) + "|"]
     data = {}
     for task in runner.args.tasks:
-        data[task] = {name: runner.scores(task, name if name != "learned, lambda = 0.001" else "with", mix=mix)
-                      for name, mix in LAYER_VARIANTS.items()}
+        data[task] = {name: runner.scores(task, name, mix=mix) for name, mix in LAYER_VARIANTS.items()}
         lines.append(f"| {task} | " + " | ".join(mean_std(v) for v in data[task].values()) + " |")
     return "\n".join(lines), data
 
@@ -192,9 +210,7 @@ def placement(runner: Runner) -> tuple[str, dict]:
     lines = ["| task | input only | input and output |", "|---|---|---|"]
     data = {}
     for task in runner.args.tasks:
-        shipped = "input" if TASKS[task][0] == "ner" else "input+output"
-        data[task] = {where: runner.scores(task, "with" if where == shipped else where, elmo=where)
-                      for where in ("input", "input+output")}
+        data[task] = {where: runner.scores(task, where, elmo=where) for where in ("input", "input+output")}
         lines.append(f"| {task} | {mean_std(data[task]['input'])} | {mean_std(data[task]['input+output'])} |")
     return "\n".join(lines), data
 
