@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from spacy.cli._util import init_cli
 from spacy.vocab import Vocab
@@ -52,8 +53,9 @@ def base_config_path(task: str) -> Path:
 
 def make_config(task: str, model: str | None = None, elmo: str | None = None) -> Config:
     """The shipped config of `task` (for the `"default"` biLM); with `model` (a biLM directory or Hub id), its path
-    and the layer width and count of that biLM (read from its config.json only); with `elmo`, ELMo where it says
-    (see `ELMO_PLACEMENTS`)."""
+    and the layer width and count of that biLM (read from its config.json only; a mix's `initial_scalars` spread
+    evenly from their first to their last value over that count); with `elmo`, ELMo where it says (see
+    `ELMO_PLACEMENTS`)."""
     config = Config().from_disk(base_config_path(task), interpolate=False)
     if model:
         from hf_elmo import ElmoConfig, model_location
@@ -62,6 +64,12 @@ def make_config(task: str, model: str | None = None, elmo: str | None = None) ->
         config["paths"]["elmo_model"] = str(model)
         config["elmo"]["width"] = elmo_config.output_dim
         config["elmo"]["n_layers"] = elmo_config.num_output_layers
+        tok2vec = config["components"][task]["model"]["tok2vec"]
+        for listener in ("elmo", "elmo_output"):
+            mix = tok2vec.get(listener, {}).get("mix", {})
+            scalars = mix.get("initial_scalars")
+            if scalars and len(scalars) != elmo_config.num_output_layers:
+                mix["initial_scalars"] = np.linspace(scalars[0], scalars[-1], elmo_config.num_output_layers).tolist()
     if elmo is not None:
         place_elmo(config, task, elmo)
     return config

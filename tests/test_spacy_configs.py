@@ -123,3 +123,22 @@ def test_init_config_places_elmo_where_asked(fixture_bilm, task, placement, n_li
     assert (len(features) if task == "ner" else sum(len(x) for x in features)) == 10
     losses = nlp.update(examples)
     assert losses[task] > 0 and ("elmo" not in losses or losses["elmo"] == 0.0)
+
+
+def test_the_ner_mix_starts_at_the_top_layer_for_any_layer_count(tmp_path):
+    """The shipped NER mix starts weighted to the top layer (softmax([-2, 0, 2])); for a biLM with another number
+    of layers init-config spreads the scores evenly over its layers, never a count that fails to build."""
+    from hf_elmo import ElmoConfig
+
+    assert make_config("ner")["components"]["ner"]["model"]["tok2vec"]["elmo"]["mix"]["initial_scalars"] == [
+        -2.0, 0.0, 2.0]
+    ElmoConfig.from_preset("small", n_layers=3).save_pretrained(tmp_path)
+    config = make_config("ner", str(tmp_path), elmo="input+output")
+    assert config["elmo"]["n_layers"] == 4
+    for listener in ("elmo", "elmo_output"):
+        scalars = config["components"]["ner"]["model"]["tok2vec"][listener]["mix"]["initial_scalars"]
+        assert scalars == pytest.approx([-2.0, -2.0 / 3, 2.0 / 3, 2.0])
+    mix = spacy.util.registry.resolve(Config({"x": config.interpolate()["components"]["ner"]["model"]["tok2vec"]
+                                                    ["elmo"]["mix"]}))["x"]
+    mix.initialize()
+    assert mix.get_param("s").tolist() == pytest.approx([-2.0, -2.0 / 3, 2.0 / 3, 2.0])
