@@ -64,15 +64,19 @@ def make_config(task: str, model: str | None = None, elmo: str | None = None) ->
         config["paths"]["elmo_model"] = str(model)
         config["elmo"]["width"] = elmo_config.output_dim
         config["elmo"]["n_layers"] = elmo_config.num_output_layers
-        tok2vec = config["components"][task]["model"]["tok2vec"]
-        for listener in ("elmo", "elmo_output"):
-            mix = tok2vec.get(listener, {}).get("mix", {})
+        for mix in elmo_mixes(config, task):
             scalars = mix.get("initial_scalars")
             if scalars and len(scalars) != elmo_config.num_output_layers:
                 mix["initial_scalars"] = np.linspace(scalars[0], scalars[-1], elmo_config.num_output_layers).tolist()
     if elmo is not None:
         place_elmo(config, task, elmo)
     return config
+
+
+def elmo_mixes(config: Config, task: str) -> list[dict]:
+    """The settings of every ELMo mix of the task's model (its input listener's, and its output listener's)."""
+    tok2vec = config["components"][task]["model"]["tok2vec"]
+    return [tok2vec[listener]["mix"] for listener in ("elmo", "elmo_output") if listener in tok2vec]
 
 
 def place_elmo(config: Config, task: str, placement: str) -> None:

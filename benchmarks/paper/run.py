@@ -32,7 +32,7 @@ import torch
 from spacy.cli.train import train as spacy_train
 from spacy.vocab import Vocab
 
-from spacy_elmo.cli import make_config
+from spacy_elmo.cli import elmo_mixes, make_config
 from spacy_elmo.corpora import read_conll2003, read_sst2, read_sst5, write_docbin
 from spacy_elmo.mix_weights import format_mix_weights, mix_weights, plot_mix_weights
 
@@ -119,12 +119,11 @@ class Runner:
         key = f"{task}/{name}/seed{seed}/{fraction:g}"
         config_name, _, _, _, score_key, _ = TASKS[task]
         config = make_config(config_name, self.args.model, elmo)
-        tok2vec = config["components"][config_name]["model"]["tok2vec"]
-        for listener in ("elmo", "elmo_output"):
-            if listener in tok2vec:
-                tok2vec[listener]["mix"].update(mix or {})
+        for task_mix in elmo_mixes(config, config_name):
+            task_mix.update(mix or {})
+        settings = self.settings(elmo != "none")
         if key not in self.runs:
-            self.reuse(key, self.settings(elmo != "none"), config.to_str())
+            self.reuse(key, settings, config.to_str())
         if key in self.runs:
             return self.runs[key]["score"]
         output = self.out / "runs" / key.replace("/", "-").replace(" ", "_").replace(",", "")
@@ -150,7 +149,7 @@ class Runner:
         meta = json.loads((output / "model-best" / "meta.json").read_text())
         score = float(meta["performance"][score_key])
         self.runs[key] = {"score": score, "seconds": round(time.perf_counter() - start), "path": str(output),
-                          "settings": self.settings(elmo != "none")}
+                          "settings": settings}
         self.save()
         print(f"{key}: {score_key} {100 * score:.2f} ({self.runs[key]['seconds']} s)", flush=True)
         return score
