@@ -140,12 +140,16 @@ def convert_conll2003_command(
 
 @app.command("convert-sst5")
 def convert_sst5_command(
-    input_path: Annotated[Path, typer.Argument(help="SST-5 TSV file (label<TAB>sentence)", exists=True)],
+    input_path: Annotated[Path, typer.Argument(
+        help="SST-5 TSV file (label<TAB>sentence) or trees file (trees/train.txt)", exists=True)],
     output: DocBinOutput,
+    phrases: Annotated[bool, typer.Option(
+        "--phrases", help="one Doc per distinct labelled phrase of the trees (the paper's SST-5 training data)"
+    )] = False,
     limit: Limit = None,
 ) -> None:
-    """Convert SST-5 sentences to a .spacy file with exclusive `cats`."""
-    _convert(read_sst5, input_path, output, limit)
+    """Convert SST-5 sentences (or, from the trees, phrases) to a .spacy file with exclusive `cats`."""
+    _convert(partial(read_sst5, phrases=phrases), input_path, output, limit)
 
 
 @app.command("convert-sst2")
@@ -159,7 +163,13 @@ def convert_sst2_command(
 
 
 def _convert(reader, input_path: Path, output: Path, limit: int | None) -> None:
-    typer.echo(f"wrote {write_docbin(reader(input_path, Vocab()), output, limit)} docs to {output}")
+    """Write the reader's Docs; a malformed input file is a one-line error (its path, line and what was wrong)."""
+    try:
+        written = write_docbin(reader(input_path, Vocab()), output, limit)
+    except ValueError as error:
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {written} docs to {output}")
 
 
 @app.command("mix-weights")

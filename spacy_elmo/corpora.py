@@ -3,11 +3,13 @@
 * CoNLL-2003 (`eng.train` IOB1 or `iob2/train.txt` IOB2; columns `token POS chunk NER`): one Doc per
   `n_sents` sentences, never across a `-DOCSTART-` line; gold tokens, sentence starts, POS tags and entities.
 * SST-5 (`train.tsv`: `label<TAB>tokenized sentence`, labels 0-4) and SST-2 (`stsa.binary.train`: `label
-  tokenized sentence`, labels 0-1): one Doc per sentence with exclusive `cats`.
+  tokenized sentence`, labels 0-1): one Doc per sentence with exclusive `cats`. SST-5's trees file
+  (`trees/train.txt`, `(3 (2 The) (2 Rock) ...)` per line) also gives one Doc per distinct labelled phrase.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -71,9 +73,72 @@ def _conll_doc(vocab: Vocab, sentences: list[list[list[str]]]) -> Doc:
     return doc
 
 
-def read_sst5(path: str | Path, vocab: Vocab) -> Iterator[Doc]:
-    """One Doc per line of an SST-5 TSV file (`label<TAB>sentence`), gold tokens, one-hot `cats`."""
-    return _labelled_sentences(path, vocab, SST5_LABELS, "\t")
+def read_sst5(path: str | Path, vocab: Vocab, phrases: bool = False) -> Iterator[Doc]:
+    """One Doc per sentence of an SST-5 file, gold tokens, one-hot `cats`; with `phrases`, one per distinct phrase.
+
+    The file is a TSV (`label<TAB>sentence`) or a trees file (`(label child child)` per line, told apart by its
+    first character). A phrase is the words under any node of a tree (the sentence, its constituents, each word)
+    with that node's label: what the paper's SST-5 models train on. A phrase met again is skipped, so every word
+    sequence is one Doc. Words are split as in the TSV files, so a tree's root gives the Doc of its TSV line.
+    """
+    with open(path, encoding="utf-8") as file:
+        trees = file.read(1).startswith("(")
+    if not trees:
+        if phrases:
+            raise ValueError(f"{path}: phrases need the trees file (sst5/trees/train.txt), not a TSV")
+        return _labelled_sentences(path, vocab, SST5_LABELS, "\t")
+    return _tree_docs(path, vocab, phrases)
+
+
+def _tree_docs(path: str | Path, vocab: Vocab, phrases: bool) -> Iterator[Doc]:
+    seen: set[tuple[str, ...]] = set()
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                nodes = _tree_nodes(line)
+            except ValueError as error:
+                raise ValueError(f"{path}:{number}: {error}") from None
+            for label, words in nodes if phrases else nodes[-1:]:
+                if words in seen:
+                    continue
+                if phrases:
+                    seen.add(words)
+                doc = Doc(vocab, words=list(words), spaces=_spaces(list(words)))
+                doc.cats = {name: float(i == label) for i, name in enumerate(SST5_LABELS)}
+                yield doc
+
+
+def _tree_nodes(line: str) -> list[tuple[int, tuple[str, ...]]]:
+    """(label, words) of every node of one `(label child child)` tree, children before parents (root last)."""
+    nodes: list[tuple[int, tuple[str, ...]]] = []
+    stack: list[tuple[int, list[str]]] = []
+    for match in re.finditer(r"\((\d+) ?|\)|[^()]+", line.strip()):
+        piece = match.group()
+        if piece.startswith("("):
+            label = int(match.group(1))
+            if not 0 <= label < len(SST5_LABELS):
+                raise ValueError(f"label {label} is not one of 0-{len(SST5_LABELS) - 1}")
+            stack.append((label, []))
+        elif piece == ")":
+            if not stack:
+                raise ValueError("unbalanced ')'")
+            label, words = stack.pop()
+            if not words:
+                raise ValueError("a node without words")
+            nodes.append((label, tuple(words)))
+            if stack:
+                stack[-1][1].extend(words)
+            elif match.end() != len(line.strip()):
+                raise ValueError("text after the tree's closing ')'")
+        elif stack:
+            stack[-1][1].extend(piece.split())
+        elif piece.strip():
+            raise ValueError(f"expected '(label ...)', got {piece.strip()[:20]!r}")
+    if stack or not nodes:
+        raise ValueError("expected one complete '(label ...)' tree")
+    return nodes
 
 
 def read_sst2(path: str | Path, vocab: Vocab) -> Iterator[Doc]:

@@ -37,6 +37,7 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     # another budget trains them again.
     runs = json.loads((tmp_path / "runs.json").read_text())
     keys = ("sst2/without/seed0/1", "sst2/with/seed0/1")
+    assert all(runs[key]["settings"]["train_data"] == "sst2/stsa.binary.train" for key in keys)  # what it learnt from
     again = run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1",
                        "--out", tmp_path / "again", "--reuse", tmp_path, timeout=600)
     assert all(f"{key}: {100 * runs[key]['score']:.2f} from {runs[key]['path']}" in again for key in keys)

@@ -74,10 +74,11 @@ def test_an_annotating_sentencizer_breaks_the_ner_oracle(conll_examples):
     assert len(oracle_failures(ner_with_labels(conll_examples), annotated)) >= 1
 
 
-def test_every_sst5_training_sentence_is_one_labelled_doc():
+@pytest.mark.parametrize("source, phrases, n_docs", [("train.tsv", False, 8544), ("trees/train.txt", True, 159274)])
+def test_every_sst5_training_sentence_or_phrase_is_one_labelled_doc(source, phrases, n_docs):
     nlp = spacy.blank("en")
-    docs = list(read_sst5(require(DATA / "sst5" / "train.tsv"), nlp.vocab))
-    assert len(docs) == 8544
+    docs = list(read_sst5(require(DATA / "sst5" / source), nlp.vocab, phrases=phrases))
+    assert len(docs) == n_docs
     assert all(len(doc) > 0 and sorted(doc.cats.values()) == [0, 0, 0, 0, 1] for doc in docs)
     get_spans = spacy.util.registry.resolve(
         Config({"x": make_config("textcat")["components"]["elmo"]["model"]["get_spans"]})

@@ -9,7 +9,9 @@ from elmo_fixtures import require
 from spacy.tokens import DocBin
 from spacy.vocab import Vocab
 from spacy_fixtures import DATA
+from typer.testing import CliRunner
 
+from spacy_elmo.cli import app
 from spacy_elmo.corpora import SST2_LABELS, SST5_LABELS, read_conll2003, read_sst2, read_sst5, write_docbin
 
 
@@ -57,3 +59,41 @@ def test_sst2_gives_one_exclusive_label_per_sentence(tmp_path):
     bad.write_text("1 fine\n7 not a label\n")
     with pytest.raises(ValueError, match="bad.txt:2"):
         list(read_sst2(bad, Vocab()))
+
+
+def test_sst5_trees_give_the_tsv_sentences_or_every_distinct_phrase(tmp_path):
+    trees, tsv = require(DATA / "sst5" / "trees" / "train.txt"), require(DATA / "sst5" / "train.tsv")
+    label = lambda doc: max(doc.cats, key=doc.cats.get)  # noqa: E731
+    sentences = [(doc.text, label(doc)) for doc in read_sst5(trees, Vocab())]
+    assert sentences == [(doc.text, label(doc)) for doc in read_sst5(tsv, Vocab())]
+    phrases = list(read_sst5(trees, Vocab(), phrases=True))
+    assert len(phrases) == 159274 and len({doc.text for doc in phrases}) == len(phrases)
+    assert {doc.text for doc in phrases} >= {text for text, _ in sentences[:100]}
+    assert sum(label(doc) == "neutral" for doc in phrases) == 81658
+    assert all(sorted(doc.cats.values()) == [0, 0, 0, 0, 1] for doc in phrases)
+
+    small = tmp_path / "trees.txt"
+    small.write_text("(3 (2 The) (4 (3 good) (2 film)))\n\n(1 (2 The) (1 (1 bad) (2 film)))\n")
+    assert [(d.text, label(d)) for d in read_sst5(small, Vocab(), phrases=True)] == [
+        ("The", "neutral"), ("good", "positive"), ("film", "neutral"), ("good film", "very_positive"),
+        ("The good film", "positive"), ("bad", "negative"), ("bad film", "negative"), ("The bad film", "negative")]
+    assert [d.text for d in read_sst5(small, Vocab())] == ["The good film", "The bad film"]
+    for bad, message in [("(3 (2 a) (7 b))", "label 7"), ("(3 (2 a) (2 b)", "complete"), ("(3 (2 a)))", "'\\)'"),
+                         ("(3 (2 a) (2 b)) x", "after"), ("(3 (2 a) (2))", "without words")]:
+        small.write_text(f"(2 (2 fine) (2 line))\n{bad}\n")
+        with pytest.raises(ValueError, match=f"trees.txt:2: .*{message}"):
+            list(read_sst5(small, Vocab(), phrases=True))
+    with pytest.raises(ValueError, match="phrases need the trees file"):
+        read_sst5(tsv, Vocab(), phrases=True)
+
+
+def test_convert_sst5_writes_phrases_and_reports_a_bad_file_in_one_line(tmp_path):
+    trees = tmp_path / "trees.txt"
+    trees.write_text("(3 (2 The) (4 (3 good) (2 film)))\n")
+    result = CliRunner().invoke(app, ["convert-sst5", str(trees), str(tmp_path / "out.spacy"), "--phrases"])
+    assert result.exit_code == 0 and "wrote 5 docs" in result.output
+    assert len(DocBin().from_disk(tmp_path / "out.spacy")) == 5
+    trees.write_text("(3 (2 The) (9 film))\n")
+    result = CliRunner().invoke(app, ["convert-sst5", str(trees), str(tmp_path / "bad.spacy")])
+    assert result.exit_code == 1 and result.output.strip() == f"Error: {trees}:1: label 9 is not one of 0-4"
+    assert not (tmp_path / "bad.spacy").exists()

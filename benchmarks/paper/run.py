@@ -23,13 +23,15 @@ import platform
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import spacy
 import torch
 from spacy.cli.train import train as spacy_train
+from spacy.tokens import Doc
 from spacy.vocab import Vocab
 
 from spacy_elmo.cli import elmo_mixes, make_config
@@ -40,11 +42,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 import probe  # noqa: E402 (benchmarks/paper/probe.py)
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-# task: (config, reader, train file, dev file, score key, what the score is)
+
+
+class Task(NamedTuple):
+    config: str
+    read: Callable[..., Iterator[Doc]]
+    train_file: str
+    dev_file: str
+    score_key: str
+    score_name: str
+    # The reader's options for the training file: SST-5 trains on every labelled phrase of its trees (as the
+    # paper's SST-5 model did) and is scored on the dev sentences.
+    train_options: dict = {}
+
+
 TASKS = {
-    "ner": ("ner", read_conll2003, "conll2003/iob2/train.txt", "conll2003/iob2/valid.txt", "ents_f", "entity F1"),
-    "sst5": ("textcat", read_sst5, "sst5/train.tsv", "sst5/dev.tsv", "cats_micro_f", "accuracy"),
-    "sst2": ("textcat", read_sst2, "sst2/stsa.binary.train", "sst2/stsa.binary.dev", "cats_micro_f", "accuracy"),
+    "ner": Task("ner", read_conll2003, "conll2003/iob2/train.txt", "conll2003/iob2/valid.txt", "ents_f", "entity F1"),
+    "sst5": Task("textcat", read_sst5, "sst5/trees/train.txt", "sst5/dev.tsv", "cats_micro_f", "accuracy",
+                 {"phrases": True}),
+    "sst2": Task("textcat", read_sst2, "sst2/stsa.binary.train", "sst2/stsa.binary.dev", "cats_micro_f", "accuracy"),
 }
 EXPERIMENTS = ("results", "layers", "placement", "efficiency", "weights", "probe", "neighbours")
 # Layer weighting (Table 2): overrides of every ELMo mix of the task model.
@@ -92,10 +108,11 @@ class Runner:
                                                for directory in [self.out, *args.reuse]
                                                if (directory / "runs.json").exists()]
 
-    def settings(self, elmo: bool) -> dict:
+    def settings(self, task: str, elmo: bool) -> dict:
         """What a run's score depends on besides its task, variant, seed and share of the training set."""
-        args = self.args
-        return {"max_steps": args.max_steps, "eval_frequency": args.eval_frequency, "train_docs": args.train_docs,
+        args, (_, _, train_file, _, _, _, train_options) = self.args, TASKS[task]
+        return {"train_data": " ".join([train_file, *(f"{k}={v}" for k, v in train_options.items())]),
+                "max_steps": args.max_steps, "eval_frequency": args.eval_frequency, "train_docs": args.train_docs,
                 "dev_docs": args.dev_docs, "device": "gpu" if args.gpu_id >= 0 else "cpu",
                 "model": self.fingerprint if elmo else None}
 
@@ -106,22 +123,25 @@ class Runner:
         path.with_suffix(".tmp").replace(path)
 
     def corpus(self, task: str, split: str) -> Path:
-        _, reader, train_file, dev_file, _, _ = TASKS[task]
+        _, read, train_file, dev_file, _, _, train_options = TASKS[task]
         path = self.corpora / f"{task}-{split}.spacy"
         if not path.exists():
             limit = self.args.train_docs if split == "train" else self.args.dev_docs
-            write_docbin(reader(DATA / (train_file if split == "train" else dev_file), Vocab()), path, limit)
+            if split == "train":
+                write_docbin(read(DATA / train_file, Vocab(), **train_options), path, limit)
+            else:
+                write_docbin(read(DATA / dev_file, Vocab()), path, limit)
         return path
 
     def train(self, task: str, name: str, seed: int, elmo: str | None = None, mix: dict | None = None,
               fraction: float = 1.0) -> float:
         """Best dev score of the task's shipped config (ELMo at `elmo`, every mix overridden by `mix`)."""
         key = f"{task}/{name}/seed{seed}/{fraction:g}"
-        config_name, _, _, _, score_key, _ = TASKS[task]
+        config_name, score_key = TASKS[task].config, TASKS[task].score_key
         config = make_config(config_name, self.args.model, elmo)
         for task_mix in elmo_mixes(config, config_name):
             task_mix.update(mix or {})
-        settings = self.settings(elmo != "none")
+        settings = self.settings(task, elmo != "none")
         if key not in self.runs:
             self.reuse(key, settings, config.to_str())
         if key in self.runs:
@@ -191,7 +211,8 @@ def results(runner: Runner) -> tuple[str, dict]:
     for task in runner.args.tasks:
         without, with_elmo = runner.scores(task, "without", elmo="none"), runner.scores(task, "with")
         rer = relative_error_reduction(float(np.mean(without)), float(np.mean(with_elmo)))
-        lines.append(f"| {task} | {TASKS[task][5]} | {mean_std(without)} | {mean_std(with_elmo)} | {100 * rer:.1f} % |")
+        lines.append(f"| {task} | {TASKS[task].score_name} | {mean_std(without)} | {mean_std(with_elmo)} "
+                     f"| {100 * rer:.1f} % |")
         data[task] = {"without": without, "with": with_elmo, "relative_error_reduction": rer}
     return "\n".join(lines), data
 
@@ -242,7 +263,7 @@ def plot_efficiency(data: dict, output: Path) -> None:
             axis.plot(shares, [100 * np.mean(row[variant]) for row in rows.values()], style, label=f"{variant} ELMo")
         axis.set_xscale("log")
         axis.set_xlabel("% of the training set")
-        axis.set_ylabel(f"dev {TASKS[task][5]}")
+        axis.set_ylabel(f"dev {TASKS[task].score_name}")
         axis.set_title(task)
         axis.legend()
     figure.tight_layout()
