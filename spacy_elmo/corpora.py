@@ -114,9 +114,11 @@ def _tree_nodes(line: str) -> list[tuple[int, tuple[str, ...]]]:
     """(label, words) of every node of one `(label child child)` tree, children before parents (root last)."""
     nodes: list[tuple[int, tuple[str, ...]]] = []
     stack: list[tuple[int, list[str]]] = []
-    for match in re.finditer(r"\((\d+) ?|\)|[^()]+", line.strip()):
+    for match in re.finditer(r"\((\d*) ?|\)|[^()]+", line.strip()):
         piece = match.group()
         if piece.startswith("("):
+            if not match.group(1):
+                raise ValueError(f"expected a label after '(', got {line.strip()[match.start():][:20]!r}")
             label = int(match.group(1))
             if not 0 <= label < len(SST5_LABELS):
                 raise ValueError(f"label {label} is not one of 0-{len(SST5_LABELS) - 1}")

@@ -79,7 +79,8 @@ def test_sst5_trees_give_the_tsv_sentences_or_every_distinct_phrase(tmp_path):
         ("The good film", "positive"), ("bad", "negative"), ("bad film", "negative"), ("The bad film", "negative")]
     assert [d.text for d in read_sst5(small, Vocab())] == ["The good film", "The bad film"]
     for bad, message in [("(3 (2 a) (7 b))", "label 7"), ("(3 (2 a) (2 b)", "complete"), ("(3 (2 a)))", "'\\)'"),
-                         ("(3 (2 a) (2 b)) x", "after"), ("(3 (2 a) (2))", "without words")]:
+                         ("(3 (2 a) (2 b)) x", "after"), ("(3 (2 a) (2))", "without words"),
+                         ("(3 (a) (2 b))", "label after")]:
         small.write_text(f"(2 (2 fine) (2 line))\n{bad}\n")
         with pytest.raises(ValueError, match=f"trees.txt:2: .*{message}"):
             list(read_sst5(small, Vocab(), phrases=True))

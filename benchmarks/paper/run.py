@@ -110,8 +110,8 @@ class Runner:
 
     def settings(self, task: str, elmo: bool) -> dict:
         """What a run's score depends on besides its task, variant, seed and share of the training set."""
-        args, (_, _, train_file, _, _, _, train_options) = self.args, TASKS[task]
-        return {"train_data": " ".join([train_file, *(f"{k}={v}" for k, v in train_options.items())]),
+        args, spec = self.args, TASKS[task]
+        return {"train_data": " ".join([spec.train_file, *(f"{k}={v}" for k, v in spec.train_options.items())]),
                 "max_steps": args.max_steps, "eval_frequency": args.eval_frequency, "train_docs": args.train_docs,
                 "dev_docs": args.dev_docs, "device": "gpu" if args.gpu_id >= 0 else "cpu",
                 "model": self.fingerprint if elmo else None}
@@ -123,14 +123,13 @@ class Runner:
         path.with_suffix(".tmp").replace(path)
 
     def corpus(self, task: str, split: str) -> Path:
-        _, read, train_file, dev_file, _, _, train_options = TASKS[task]
-        path = self.corpora / f"{task}-{split}.spacy"
+        spec, path = TASKS[task], self.corpora / f"{task}-{split}.spacy"
         if not path.exists():
-            limit = self.args.train_docs if split == "train" else self.args.dev_docs
             if split == "train":
-                write_docbin(read(DATA / train_file, Vocab(), **train_options), path, limit)
+                docs = spec.read(DATA / spec.train_file, Vocab(), **spec.train_options)
             else:
-                write_docbin(read(DATA / dev_file, Vocab()), path, limit)
+                docs = spec.read(DATA / spec.dev_file, Vocab())
+            write_docbin(docs, path, self.args.train_docs if split == "train" else self.args.dev_docs)
         return path
 
     def train(self, task: str, name: str, seed: int, elmo: str | None = None, mix: dict | None = None,
