@@ -101,13 +101,9 @@ def _tree_docs(path: str | Path, vocab: Vocab, phrases: bool) -> Iterator[Doc]:
             except ValueError as error:
                 raise ValueError(f"{path}:{number}: {error}") from None
             for label, words in nodes if phrases else nodes[-1:]:
-                if words in seen:
-                    continue
-                if phrases:
+                if not phrases or words not in seen:  # sentences are kept as they come, repeats too
                     seen.add(words)
-                doc = Doc(vocab, words=list(words), spaces=_spaces(list(words)))
-                doc.cats = {name: float(i == label) for i, name in enumerate(SST5_LABELS)}
-                yield doc
+                    yield _labelled_doc(vocab, list(words), SST5_LABELS, label)
 
 
 def _tree_nodes(line: str) -> list[tuple[int, tuple[str, ...]]]:
@@ -158,10 +154,14 @@ def _labelled_sentences(path: str | Path, vocab: Vocab, labels: tuple[str, ...],
             if label not in {str(i) for i in range(len(labels))} or not text.strip():
                 raise ValueError(f"{path}:{number}: expected 'label{separator!r}sentence' with a label 0-"
                                  f"{len(labels) - 1}, got {line!r}")
-            words = text.split()
-            doc = Doc(vocab, words=words, spaces=_spaces(words))
-            doc.cats = {name: float(i == int(label)) for i, name in enumerate(labels)}
-            yield doc
+            yield _labelled_doc(vocab, text.split(), labels, int(label))
+
+
+def _labelled_doc(vocab: Vocab, words: list[str], labels: tuple[str, ...], label: int) -> Doc:
+    """A Doc of `words` joined by single spaces whose `cats` are one-hot at `labels[label]`."""
+    doc = Doc(vocab, words=words, spaces=_spaces(words))
+    doc.cats = {name: float(i == label) for i, name in enumerate(labels)}
+    return doc
 
 
 def _spaces(words: list[str]) -> list[bool]:
