@@ -81,6 +81,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--allennlp-python", default=os.environ.get("ALLENNLP_PYTHON"))
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both models on it)")
+    parser.add_argument("--bf16", action="store_true", help="run this project's model under bf16 autocast (CPUs "
+                        "with AVX512-BF16 / AMX, GPUs) and add its max abs difference and minimum row cosine to its "
+                        "own float32 layers; AllenNLP stays float32")
     parser.add_argument("--matmuls", choices=["onednn", "mkl"], default="onednn",
                         help="this project's CPU matmuls: oneDNN (the default) or F.linear (MKL), to compare")
     args = parser.parse_args()
@@ -104,12 +107,14 @@ def main() -> None:
         f"matmuls: {'oneDNN' if options.onednn and onednn_available() else 'F.linear'}")
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
-          f"{where}")
+          f"{where}{'; this project under bf16 autocast' if args.bf16 else ''}")
     if not args.allennlp_python:
         print("AllenNLP columns skipped: AllenNLP is not installed here (pass --allennlp-python; see "
               "benchmarks/README.md)")
 
     header = f"{'preset':<9} {'tokens/s':>9} {'latency ms':>10} {'cached tok/s':>12}"
+    if args.bf16:
+        header += f" {'|diff| f32':>10} {'min cos':>8}"
     if args.allennlp_python:
         header += f" {'AllenNLP tok/s':>14} {'ratio':>6} {'AllenNLP ms':>11} {'ratio':>6} {'max |diff|':>10}"
     print(header)
@@ -120,22 +125,29 @@ def main() -> None:
         # Packed LSTM weights kept between calls; token representations too in the "cached" column.
         packed_only, cached = ElmoInferenceCache(token_cache_size=0), ElmoInferenceCache()
         with torch.inference_mode():
+            float32_first = [layer.cpu() for layer in model(**device_batches[0]).hidden_states]
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             seconds = median_seconds(
                 lambda m=model, c=packed_only: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
             )
             latency = median_seconds(lambda m=model, c=packed_only: m(**device_single, inference_cache=c),
                                      args.repeats * 4, device)
-            ours_first = [layer.cpu().numpy() for layer in model(**device_batches[0]).hidden_states]
+            ours_first = [layer.float().cpu() for layer in model(**device_batches[0]).hidden_states]
             cached_seconds = median_seconds(
                 lambda m=model, c=cached: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
             )
         row = f"{name:<9} {n_tokens / seconds:>9.0f} {latency * 1e3:>10.1f} {n_tokens / cached_seconds:>12.0f}"
+        if args.bf16:  # over the rows of real words (boundaries and padding included: every row is a word here)
+            bf16_difference = max(float((a - b).abs().max()) for a, b in zip(ours_first, float32_first))
+            cosine = min(float(torch.cosine_similarity(a.flatten(0, -2), b.flatten(0, -2), dim=-1).min())
+                         for a, b in zip(ours_first, float32_first))
+            row += f" {bf16_difference:>10.2e} {cosine:>8.5f}"
         if args.allennlp_python:
             with tempfile.TemporaryDirectory() as folder:
                 model.save_pretrained(Path(folder) / "model")
                 theirs, their_layers = run_allennlp(args.allennlp_python, Path(folder) / "model", batches, single,
                                                     args.threads, args.repeats, Path(folder), device)
-            difference = max(float(np.abs(a - b).max()) for a, b in zip(ours_first, their_layers))
+            difference = max(float(np.abs(a.numpy() - b).max()) for a, b in zip(ours_first, their_layers))
             row += (f" {n_tokens / theirs['seconds']:>14.0f} {theirs['seconds'] / seconds:>6.2f}"
                     f" {theirs['latency'] * 1e3:>11.1f} {theirs['latency'] / latency:>6.2f} {difference:>10.2e}")
         print(row, flush=True)

@@ -28,7 +28,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM
-from hf_elmo.modeling_elmo import linear
+from hf_elmo.kernels import ElmoKernelOptions, linear, native_bf16_cpu
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary, encode_batch, group_by_length, split_line
 
 
@@ -45,12 +45,15 @@ def random_corpus(n_sentences: int, vocab_size: int, seed: int = 0) -> tuple[Wor
 
 
 def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> dict[str, float]:
-    """The machine's float32 matmul throughput at the current thread count, best of `repeats` square matmuls,
+    """The machine's matmul throughput at the current thread count, best of `repeats` square matmuls: float32
     through MKL (`torch.mm`, what autograd uses) and through oneDNN (`linear` without gradient, what inference
-    uses; MKL takes a slower AVX2 path on some CPUs, e.g. AMD's)."""
+    uses; MKL takes a slower AVX2 path on some CPUs, e.g. AMD's), and bf16 (`torch.mm`, oneDNN; native on CPUs with
+    AVX512-BF16 or AMX, emulated elsewhere)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
+    a16, b16 = a.bfloat16(), b.bfloat16()
     with torch.inference_mode():
-        paths = {"mkl": lambda: torch.mm(a, b), "onednn": lambda: linear(a, b)}
+        paths = {"mkl": lambda: torch.mm(a, b), "onednn": lambda: linear(a, b, None, ElmoKernelOptions()),
+                 "bf16": lambda: torch.mm(a16, b16)}
         rates = {}
         for name, function in paths.items():
             function()
@@ -76,6 +79,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--peak-size", type=int, default=2048, help="side of the square matmuls timed for the peak")
+    parser.add_argument("--bf16", action="store_true", help="steps under bf16 autocast (as `elmo pretrain "
+                        "--mixed_precision bf16`); the fraction of peak is then of the bf16 matmul rate")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -98,13 +104,17 @@ def main() -> None:
     random.Random(0).shuffle(batches)
     batches = [encode_batch(b, tokenizer, vocabulary) for b in batches[: args.warmup + args.steps]]
 
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
     rates, flop_rates = [], []
     for index, batch in enumerate(batches):
         with FlopCounterMode(display=False) as counter:  # matmul and convolution FLOPs, forward and backward
-            objective(**batch).loss.backward()  # counted apart: the counter slows the step it watches
+            with autocast:
+                loss = objective(**batch).loss
+            loss.backward()  # counted apart: the counter slows the step it watches
         optimizer.zero_grad()
         start = time.perf_counter()
-        output = objective(**batch)
+        with autocast:
+            output = objective(**batch)
         output.loss.backward()
         torch.nn.utils.clip_grad_norm_(objective.parameters(), 10.0)
         optimizer.step()
@@ -113,8 +123,8 @@ def main() -> None:
         if index >= args.warmup:
             rates.append(int(output.n_targets) / seconds)
             flop_rates.append(counter.get_total_flops() / seconds)
-    peaks = matmul_flops_per_second()
-    peak = max(peaks.values())
+    peaks = matmul_flops_per_second(args.peak_size)
+    peak = peaks["bf16"] if args.bf16 else max(peaks["mkl"], peaks["onednn"])
     print(json.dumps({
         "model": args.recipe or args.preset,
         "parameters": sum(p.numel() for p in lm.parameters()),
@@ -123,11 +133,13 @@ def main() -> None:
         "batch_tokens": batch_tokens,
         "clipping": [config.cell_clip, config.proj_clip],
         "threads": args.threads,
+        "dtype": "bf16 autocast" if args.bf16 else "float32",
         "tokens_per_second": round(statistics.median(rates)),
         "step_gflops_per_second": round(statistics.median(flop_rates) / 1e9, 1),
         "matmul_peak_gflops_per_second": {name: round(rate / 1e9, 1) for name, rate in peaks.items()},
         "fraction_of_matmul_peak": round(statistics.median(flop_rates) / peak, 3),
         "cpu": platform.processor() or platform.machine(),
+        "native_bf16": native_bf16_cpu(),
         "load_average": os.getloadavg()[0],
     }))
 

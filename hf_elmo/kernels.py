@@ -1,14 +1,15 @@
 """How the biLM's arithmetic runs on each device, apart from what it computes (`modeling_elmo.py`).
 
 - `ElmoKernelOptions`: the kernel choices of one model (`ElmoModel.kernel_options`), one frozen object.
-- `linear`: float32 matmuls on CPU through oneDNN where this torch build has its linear ops, else `F.linear`.
+- `linear`: float32 matmuls on CPU through oneDNN where this torch build has its linear ops, else `F.linear`; bf16
+  ones with weights packed by `pack_weight` (the opt-in bf16 mode: inference under CPU bf16 autocast).
 - `both_directions`: one LSTM step's matmul for the forward and backward LM at once.
 - `fused_lstm`: an LSTM layer through `nn.LSTM(proj_size)` (cuDNN on a GPU).
 - `ElmoInferenceCache`: what inference may keep between calls (token representations of frequent words, LSTM
   weights packed for oneDNN), explicit and thread-safe; the modules themselves hold no state but their weights.
 
 None of these changes the function computed beyond float32 rounding, except `fused_lstm` on a model that clips
-(opt-in: `fused_lstm="always"`).
+(opt-in: `fused_lstm="always"`) and the bf16 mode (opt-in: the caller's `torch.autocast`).
 """
 
 from __future__ import annotations
@@ -110,13 +111,31 @@ def onednn_usable(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOpti
     """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast (compilers
     and `torch.export` get `F.linear`)."""
     return (
+        _eager_cpu_inference(x, weight, options)
+        and x.dtype == weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def bf16_autocast_inference(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
+    """Whether `x @ weight` belongs to the opt-in CPU bf16 mode: eager CPU inference without gradient under
+    `torch.autocast("cpu", dtype=torch.bfloat16)`. There the LSTM step weights are packed for oneDNN in bf16 once
+    (`packed_lstm_weights`) rather than cast by autocast at every step."""
+    return (
+        _eager_cpu_inference(x, weight, options)
+        and torch.is_autocast_enabled("cpu")
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    )
+
+
+def _eager_cpu_inference(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
+    """oneDNN on, eager (not compiling), this torch build has oneDNN's linear ops, CPU, no gradient needed."""
+    return (
         options.onednn
         and not torch.compiler.is_compiling()
         and onednn_available()
         and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and not torch.is_autocast_enabled("cpu")
     )
 
 
@@ -127,7 +146,12 @@ def linear(
     options: ElmoKernelOptions,
     add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be `pack_weight`'s."""
+    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be `pack_weight`'s (then the
+    result has its dtype)."""
+    if weight.is_mkldnn:
+        x = x.to(weight.dtype)
+        bias = None if bias is None else bias.to(weight.dtype)
+        add = None if add is None else add.to(weight.dtype)
     if weight.is_mkldnn or onednn_usable(x, weight, options):
         if add is not None:
             return torch.ops.mkldnn._linear_pointwise.binary(x, add, weight, bias, "add")
@@ -136,10 +160,10 @@ def linear(
     return output if add is None else output + add
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """(N, K) weight → a copy in oneDNN's blocked layout for `linear`: the same results, and without the per-call
-    reordering (1.5-2.5x faster for matmuls of few rows, as in the LSTM recurrence)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(N, K) weight → a copy in `dtype` in oneDNN's blocked layout for `linear`: the same results, and without the
+    per-call reordering (1.5-2.5x faster for matmuls of few rows, as in the LSTM recurrence)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype))
 
 
 # Per direction, the packed (N, K) matrices of a (2, N, K) weight; None where a weight is absent.
@@ -152,17 +176,31 @@ def packed_lstm_weights(
     options: ElmoKernelOptions,
     inference_cache: ElmoInferenceCache | None,
 ) -> PackedWeights | None:
-    """The (2, N, K) LSTM step weights packed per direction when `both_directions` would use them for `x` (2, rows,
-    steps, K), else None: from `inference_cache` when given, else packed for this call (one packing serves every
-    step). A one-row call whose weights all take the batched-MKL step packs nothing."""
-    present = [w for w in weights if w is not None]
-    if not present or not onednn_usable(x, present[0], options):
+    """An LSTM layer's (2, N, K) weights (input, recurrent, projection) packed per direction where its matmuls for
+    `x` (2, rows, steps, K) use them, else None: from `inference_cache` when given, else packed for this call (one
+    packing serves every step).
+
+    - float32 (`onednn_usable`): the step weights (recurrent, projection); not for a one-row call whose weights all
+      take the batched-MKL step, and never the input weight (one matmul per window: a packed copy of the largest
+      weight measured only ~2 % faster).
+    - bf16 autocast (`bf16_autocast_inference`): all three in bf16, which autocast would otherwise cast again at
+      every call and step.
+    """
+    input_weight, *step_weights = weights
+    present = [w for w in step_weights if w is not None]
+    if not present:
         return None
-    if all(options.uses_batched_step(x.shape[1], w) for w in present):
+    if onednn_usable(x, present[0], options):
+        if all(options.uses_batched_step(x.shape[1], w) for w in present):
+            return None
+        weights, dtype = [None, *step_weights], torch.float32
+    elif bf16_autocast_inference(x, present[0], options):
+        dtype = torch.bfloat16
+    else:
         return None
     if inference_cache is not None:
-        return inference_cache.packed_weights(weights)
-    return [[pack_weight(d) for d in w.unbind()] if w is not None else None for w in weights]
+        return inference_cache.packed_weights(weights, dtype)
+    return [[pack_weight(d, dtype) for d in w.unbind()] if w is not None else None for w in weights]
 
 
 def both_directions(
@@ -174,10 +212,10 @@ def both_directions(
 ) -> torch.Tensor:
     """x (2, n, K) @ weight (2, N, K)ᵀ per direction, + add (one (n, N) per direction) → (2, n, N).
 
-    Through oneDNN with the packed weights; one batched matmul (MKL) without them, and where
-    `options.uses_batched_step` (a single row and a small weight: oneDNN's fixed cost per call would dominate).
+    Through oneDNN with the packed weights (in their dtype); one batched matmul (MKL) without them, and for float32
+    where `options.uses_batched_step` (a single row and a small weight: oneDNN's fixed cost per call would dominate).
     """
-    if packed is not None and not options.uses_batched_step(x.shape[1], weight):
+    if packed is not None and (packed[0].dtype != torch.float32 or not options.uses_batched_step(x.shape[1], weight)):
         return torch.stack([linear(x[d], packed[d], None, options, add=None if add is None else add[d])
                             for d in range(2)])
     if add is None:
@@ -256,8 +294,8 @@ class ElmoInferenceCache:
         self._lock = threading.Lock()
         self._tokens: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self._tokens_state: tuple = ()
-        # id(weight) → (a weak reference to the weight, its state when packed, its packed matrices)
-        self._packed: dict[int, tuple[weakref.ref, tuple, list[torch.Tensor]]] = {}
+        # (id(weight), dtype) → (a weak reference to the weight, its state when packed, its packed matrices)
+        self._packed: dict[tuple[int, torch.dtype], tuple[weakref.ref, tuple, list[torch.Tensor]]] = {}
 
     def __len__(self) -> int:
         """Words whose token representation is cached."""
@@ -303,19 +341,21 @@ class ElmoInferenceCache:
                     self._tokens.popitem(last=False)
         return torch.stack([found[key] for key in keys])
 
-    def packed_weights(self, weights: Sequence[torch.Tensor | None]) -> PackedWeights:
-        """`packed_lstm_weights` for (2, N, K) weights, packed once per weight and again when it changes."""
+    def packed_weights(self, weights: Sequence[torch.Tensor | None], dtype: torch.dtype) -> PackedWeights:
+        """`packed_lstm_weights` for (2, N, K) weights in `dtype`, packed once per weight and dtype and again when
+        the weight changes."""
         result: PackedWeights = []
         for weight in weights:
             if weight is None:
                 result.append(None)
                 continue
             state = _weights_state([weight])
+            key = (id(weight), dtype)
             with self._lock:
-                entry = self._packed.get(id(weight))
+                entry = self._packed.get(key)
             if entry is None or entry[0]() is not weight or entry[1] != state:
-                entry = (weakref.ref(weight), state, [pack_weight(d) for d in weight.unbind()])
+                entry = (weakref.ref(weight), state, [pack_weight(d, dtype) for d in weight.unbind()])
                 with self._lock:
-                    self._packed[id(weight)] = entry
+                    self._packed[key] = entry
             result.append(entry[2])
         return result

@@ -278,9 +278,9 @@ class ElmoLstmLayer(nn.Module):
         _, batch, steps, input_dim = inputs.shape
         started = batch_sizes[0] if steps else 0  # rows with at least one position
         h, c = state[0][:, :started], state[1][:, :started]
-        packed_recurrent, packed_projection = packed_lstm_weights(
-            (self.recurrent_weight, self.projection_weight), inputs, options, inference_cache
-        ) or (None, None)
+        packed_input, packed_recurrent, packed_projection = packed_lstm_weights(
+            (self.input_weight, self.recurrent_weight, self.projection_weight), inputs, options, inference_cache
+        ) or (None, None, None)
         bias = self._bias_with_forget_bias()
         outputs, finished_h, finished_c = [], [], []
         for start in range(0, steps, options.lstm_time_chunk):
@@ -289,7 +289,8 @@ class ElmoLstmLayer(nn.Module):
                 break
             window = inputs[:, :active, start : start + options.lstm_time_chunk]
             # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
-            projected = [linear(window[d], self.input_weight[d], bias[d], options).unbind(1) for d in range(2)]
+            input_weight = packed_input or self.input_weight
+            projected = [linear(window[d], input_weight[d], bias[d], options).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
                 if n == 0:

@@ -478,6 +478,36 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(toke
     both_paths()
 
 
+def test_bf16_autocast_packs_every_lstm_weight_once_in_bf16_and_stays_close_to_float32(tokenizer):
+    """The opt-in CPU bf16 mode (inference under `torch.autocast("cpu", dtype=torch.bfloat16)`): the input,
+    recurrent and projection weights are packed once in bf16 (autocast would cast them again at every call and
+    step), and the vectors stay within bf16 rounding of float32 and of autocast's own path (`onednn=False`)."""
+    from hf_elmo.kernels import onednn_available
+
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    cache = ElmoInferenceCache(token_cache_size=0)
+    with torch.inference_mode():
+        float32 = model(**encoded, inference_cache=cache).hidden_states
+        assert {dtype for _, dtype in cache._packed} <= {torch.float32}
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            packed = model(**encoded, inference_cache=cache).hidden_states
+            again = model(**encoded, inference_cache=cache).hidden_states
+            model.kernel_options = ElmoKernelOptions(onednn=False)
+            autocast_only = model(**encoded).hidden_states
+    bf16_entries = [entry for (_, dtype), entry in cache._packed.items() if dtype == torch.bfloat16]
+    assert len(bf16_entries) == (6 if onednn_available() else 0)  # 3 weights of 2 layers, packed once
+    assert all(matrix.dtype == torch.bfloat16 for entry in bf16_entries for matrix in entry[2])
+    mask = encoded["attention_mask"].bool()
+    for a, b, c, reference in zip(packed, again, autocast_only, float32):
+        assert torch.equal(a, b)
+        a, c, reference = a.float()[mask], c.float()[mask], reference[mask]
+        scale = reference.abs().max()
+        assert (a - reference).abs().max() <= 0.02 * scale and (a - c).abs().max() <= 0.02 * scale
+        assert torch.cosine_similarity(a, reference, dim=-1).min() > 0.999
+
+
 def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer):
     """A one-sentence batch takes the batched-MKL step for small weights; forcing oneDNN changes nothing."""
     torch.manual_seed(0)

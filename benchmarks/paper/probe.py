@@ -5,9 +5,11 @@ frozen vectors of the training sentences, scored on the dev sentences, for POS t
     python benchmarks/paper/probe.py --model default                   # all of train/dev (minutes on a CPU)
     python benchmarks/paper/probe.py --model default --quick           # 500 / 200 sentences (seconds)
     python benchmarks/paper/probe.py --model runs/old-default --json probe.json
+    python benchmarks/paper/probe.py --model default --bf16            # vectors from the bf16 mode (CPUs with AMX)
 
 Rows: each layer (0 = the char-CNN token layer, then each biLSTM layer) and their average. Words are CoNLL's gold
-tokens, one sentence per biLM row.
+tokens, one sentence per biLM row. With `--bf16` the vectors come from the opt-in bf16 mode
+(`ElmoEmbedder(bf16=True)`), and the script first prints how far the dev vectors are from float32's.
 """
 
 from __future__ import annotations
@@ -35,10 +37,23 @@ def read_conll(path: Path, limit: int | None = None) -> list[tuple[list[str], li
     return [([r[0] for r in s], [r[1] for r in s], [r[-1] for r in s]) for s in islice(rows, limit)]
 
 
-def layer_features(model: ElmoModel, sentences: list[list[str]]) -> np.ndarray:
-    """(layers, tokens, width) float32: every layer of every word, sentences concatenated."""
-    embedder = ElmoEmbedder(model, layers="all")
+def layer_features(model: ElmoModel, sentences: list[list[str]], bf16: bool = False) -> np.ndarray:
+    """(layers, tokens, width) float32: every layer of every word, sentences concatenated; `bf16`: computed in the
+    bf16 mode."""
+    embedder = ElmoEmbedder(model, layers="all", bf16=bf16)
     return np.concatenate(list(embedder.embed_sentences(sentences)), axis=1)
+
+
+def bf16_difference(model: ElmoModel, sentences: list[list[str]]) -> list[dict]:
+    """Per layer: max abs difference, largest abs value, and min / mean cosine of the word vectors of the bf16 mode
+    against float32."""
+    exact, bf16 = layer_features(model, sentences), layer_features(model, sentences, bf16=True)
+    rows = []
+    for j, (a, b) in enumerate(zip(exact, bf16)):
+        cosine = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
+        rows.append({"layer": j, "max_abs_difference": float(np.abs(a - b).max()), "max_abs": float(np.abs(a).max()),
+                     "min_cosine": float(cosine.min()), "mean_cosine": float(cosine.mean())})
+    return rows
 
 
 def train_linear_probe(
@@ -77,10 +92,11 @@ def entity_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
     return 2 * correct / max(len(gold_spans) + len(predicted_spans), 1)
 
 
-def probe_layers(model: ElmoModel, train, dev) -> list[dict]:
-    """Per layer (and the average of all): POS accuracy and NER entity F1 of linear probes, on dev."""
-    train_features = layer_features(model, [words for words, _, _ in train])
-    dev_features = layer_features(model, [words for words, _, _ in dev])
+def probe_layers(model: ElmoModel, train, dev, bf16: bool = False) -> list[dict]:
+    """Per layer (and the average of all): POS accuracy and NER entity F1 of linear probes, on dev; `bf16`: on
+    vectors of the bf16 mode."""
+    train_features = layer_features(model, [words for words, _, _ in train], bf16)
+    dev_features = layer_features(model, [words for words, _, _ in dev], bf16)
     results = []
     layers = [*((str(j), [j]) for j in range(len(train_features))), ("average", list(range(len(train_features))))]
     for name, index in layers:
@@ -119,19 +135,26 @@ def main() -> None:
     parser.add_argument("--train-sentences", type=int, help="limit (default: all; --quick: 500)")
     parser.add_argument("--dev-sentences", type=int, help="limit (default: all; --quick: 200)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bf16", action="store_true", help="vectors from the bf16 mode (see the docstring)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     train = read_conll(CONLL / "train.txt", args.train_sentences or (500 if args.quick else None))
     dev = read_conll(CONLL / "valid.txt", args.dev_sentences or (200 if args.quick else None))
+    model = ElmoModel.from_pretrained(model_location(args.model))
+    difference = bf16_difference(model, [words for words, _, _ in dev]) if args.bf16 else None
+    if difference:
+        print("bf16 vs float32, dev words:", json.dumps(difference))
     start = time.perf_counter()
-    results = probe_layers(ElmoModel.from_pretrained(model_location(args.model)), train, dev)
-    print(f"model {args.model}: {len(train)} training / {len(dev)} dev sentences of CoNLL-2003, "
-          f"{time.perf_counter() - start:.0f} s on {platform.processor() or platform.machine()}")
+    results = probe_layers(model, train, dev, args.bf16)
+    machine = platform.processor() or platform.machine()
+    print(f"model {args.model}{' (bf16 mode)' if args.bf16 else ''}: {len(train)} training / {len(dev)} dev "
+          f"sentences of CoNLL-2003, {time.perf_counter() - start:.0f} s on {machine}")
     print(format_table(results))
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "train_sentences": len(train),
-                                         "dev_sentences": len(dev), "layers": results}, indent=1))
+        args.json.write_text(json.dumps({"model": args.model, "bf16": args.bf16, "bf16_vs_float32": difference,
+                                         "train_sentences": len(train), "dev_sentences": len(dev),
+                                         "layers": results}, indent=1))
 
 
 if __name__ == "__main__":

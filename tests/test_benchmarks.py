@@ -1,0 +1,33 @@
+"""The benchmark scripts stay runnable (their figures are printed, not asserted): the smallest form of each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from spacy_fixtures import REPO, run_python
+
+TINY = '{"lstm_dim": 32, "projection_dim": 16, "filters": [[1, 8], [2, 8]], "char_embedding_dim": 4}'
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_bench_training_prints_tokens_per_second_and_the_fraction_of_peak_of_its_dtype(bf16):
+    output = run_python(REPO / "benchmarks" / "bench_training.py", "--model-config", TINY, "--vocab-size", 200,
+                        "--batch-tokens", 256, "--num-sampled", 64, "--steps", 2, "--warmup", 1, "--threads", 1,
+                        "--peak-size", 128, *(["--bf16"] if bf16 else []))
+    figures = json.loads(output.strip().splitlines()[-1])
+    assert figures["dtype"] == ("bf16 autocast" if bf16 else "float32")
+    assert figures["tokens_per_second"] > 0 and figures["step_gflops_per_second"] > 0
+    peaks = figures["matmul_peak_gflops_per_second"]
+    peak = peaks["bf16"] if bf16 else max(peaks["mkl"], peaks["onednn"])
+    assert figures["fraction_of_matmul_peak"] == pytest.approx(figures["step_gflops_per_second"] / peak, abs=0.002)
+
+
+def test_bench_inference_bf16_prints_its_distance_to_float32():
+    output = run_python(REPO / "benchmarks" / "bench_inference.py", "--presets", "small", "--sentences", 2,
+                        "--length", 3, "--batch-size", 2, "--repeats", 1, "--threads", 1, "--bf16")
+    header, row = output.strip().splitlines()[-2:]
+    assert header.split()[-4:] == ["|diff|", "f32", "min", "cos"]
+    name, tokens_per_second, latency, cached, difference, cosine = row.split()
+    assert name == "small" and float(tokens_per_second) > 0 and float(latency) > 0
+    assert 0 < float(difference) < 0.1 and 0.999 < float(cosine) <= 1.0
