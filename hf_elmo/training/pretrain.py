@@ -102,8 +102,9 @@ class PretrainArguments:
     num_train_epochs: int = field(default=10, metadata={"help": "Passes over the training files."})
     max_steps: int | None = field(default=None, metadata={"help": "Stop after this many optimizer steps."})
     seed: int = field(default=42, metadata={"help": "Seed of initialisation, dropout, sampling and shuffling."})
-    mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 or bf16 (GPU); default: "
-                                        "Accelerate's config or launch flag."})
+    mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 (GPU) or bf16 (GPU, "
+                                        "or with --cpu on CPUs with AMX / AVX512-BF16); default: Accelerate's config "
+                                        "or launch flag."})
     cpu: bool = field(default=False, metadata={"help": "Train on the CPU even if a GPU is available."})
     threads: int | None = field(default=None, metadata={"help": "CPU threads per process."})
     # Output
