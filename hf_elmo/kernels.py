@@ -186,7 +186,7 @@ def packed_lstm_weights(
     - bf16 autocast (`bf16_autocast_inference`): all three in bf16, which autocast would otherwise cast again at
       every call and step.
     """
-    input_weight, *step_weights = weights
+    _, *step_weights = weights
     present = [w for w in step_weights if w is not None]
     if not present:
         return None

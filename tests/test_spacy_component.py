@@ -164,6 +164,27 @@ def test_float16_storage_halves_the_memory(elmo_dir):
         elmo_pipeline(elmo_dir, store_dtype="int8")
 
 
+def test_mixed_precision_on_a_cpu_predicts_in_bf16_close_to_float32(elmo_dir, nlp):
+    """Thinc autocasts only on CUDA; on a CPU `mixed_precision` runs predictions in the biLM's bf16 mode (LSTM
+    weights packed in bf16 in the component's cache), and warns on CPUs without native bf16."""
+    from hf_elmo.kernels import native_bf16_cpu, onednn_available
+
+    bf16_nlp = elmo_pipeline(elmo_dir, model={"mixed_precision": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bf16 = bf16_nlp(TEXT)._.elmo_layers
+    assert any("no native bf16" in str(w.message) for w in caught) == (not native_bf16_cpu())
+    exact = nlp(TEXT)._.elmo_layers
+    assert bf16.dtype == np.float32 and bf16.shape == exact.shape
+    assert not np.array_equal(bf16, exact)
+    assert np.abs(bf16 - exact).max() <= 0.02 * np.abs(exact).max()
+    flat_bf16, flat_exact = bf16.reshape(-1, bf16.shape[-1]), exact.reshape(-1, exact.shape[-1])
+    cosine = (flat_bf16 * flat_exact).sum(1) / np.linalg.norm(flat_bf16, axis=1) / np.linalg.norm(flat_exact, axis=1)
+    assert cosine.min() > 0.999
+    cache = bf16_nlp.get_pipe("elmo").model.shims[0].inference_cache
+    assert {dtype for _, dtype in cache._packed} == ({torch.bfloat16} if onednn_available() else set())
+
+
 def test_docbin_round_trip_keeps_layers_and_restore_hooks_brings_vectors_back(nlp):
     doc = nlp(TEXT)
     docbin = DocBin(store_user_data=True, docs=[doc])

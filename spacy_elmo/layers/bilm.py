@@ -8,6 +8,7 @@ Whitespace tokens are not fed to the biLM (it never saw them in training); their
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,6 +22,7 @@ from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, PyTorchShim, get_tor
 from thinc.types import Floats3d
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel
+from hf_elmo.kernels import native_bf16_cpu
 from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
@@ -41,6 +43,9 @@ class ElmoShim(PyTorchShim):
 
     Serialised as the biLM's `ElmoConfig` plus its tensors (msgpack, no pickle), so a pipeline directory holds
     everything needed to rebuild the biLM without its original source.
+
+    `mixed_precision`: Thinc's CUDA autocast (float16) on a GPU; on a CPU, predictions under bf16 autocast (the
+    biLM's opt-in bf16 mode, for CPUs with AMX / AVX512-BF16; a warning elsewhere), fine-tuning in float32.
     """
 
     def __init__(self, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
@@ -60,6 +65,17 @@ class ElmoShim(PyTorchShim):
         """Use `elmo` (moved to the current Thinc device)."""
         self._model = elmo.to(get_torch_default_device())
         self.inference_cache.clear()
+        if self._cpu_bf16 and not native_bf16_cpu():
+            warnings.warn("mixed_precision on a CPU runs the biLM in bf16, but this CPU has no native bf16 "
+                          "(AVX512-BF16 or AMX): it is emulated, and slower than float32", stacklevel=2)
+
+    @property
+    def _cpu_bf16(self) -> bool:
+        return self._mixed_precision and self.device.type == "cpu"
+
+    def predict(self, inputs: ArgsKwargs) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self._cpu_bf16):
+            return super().predict(inputs)
 
     def finish_update(self, optimizer) -> None:
         if self._model is None:
