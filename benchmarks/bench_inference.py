@@ -11,7 +11,8 @@ then tokens/s with the token cache warm (the same sentences seen before: the bes
 With `--allennlp-python` (or `$ALLENNLP_PYTHON`), AllenNLP's `_ElmoBiLm` runs the same weights (exported with
 `export_hdf5`) on the same inputs in its own virtualenv (see benchmarks/README.md), and the table adds its figures,
 the ratios (to the cache-off figures), and the max abs difference of all layers of the first batch (both from the
-zero state). `--matmuls mkl` runs this project's matmuls through `F.linear` (MKL) instead of oneDNN; `--device cuda`
+zero state). `--matmuls mkl` / `onednn` runs this project's float32 matmuls through `F.linear` (MKL) / oneDNN instead of
+the choice `ElmoKernelOptions(onednn="auto")` makes for this CPU; `--device cuda`
 runs both models on the GPU (AllenNLP's virtualenv then needs a CUDA build of torch).
 """
 
@@ -84,10 +85,11 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="run this project's model under bf16 autocast (CPUs "
                         "with AVX512-BF16 / AMX, GPUs) and add its max abs difference and minimum row cosine to its "
                         "own float32 layers; AllenNLP stays float32")
-    parser.add_argument("--matmuls", choices=["onednn", "mkl"], default="onednn",
-                        help="this project's CPU matmuls: oneDNN (the default) or F.linear (MKL), to compare")
+    parser.add_argument("--matmuls", choices=["auto", "onednn", "mkl"], default="auto",
+                        help="this project's CPU float32 matmuls: ElmoKernelOptions' choice for this CPU (the "
+                        "default), oneDNN or F.linear (MKL), to compare")
     args = parser.parse_args()
-    options = ElmoKernelOptions(onednn=args.matmuls == "onednn")
+    options = ElmoKernelOptions(onednn="auto" if args.matmuls == "auto" else args.matmuls == "onednn")
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
@@ -104,7 +106,7 @@ def main() -> None:
     device_batches, device_single = on_device[:-1], on_device[-1]
     n_tokens = args.sentences * args.length
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
-        f"matmuls: {'oneDNN' if options.onednn and onednn_available() else 'F.linear'}")
+        f"float32 matmuls: {'oneDNN' if options.uses_onednn() and onednn_available() else 'F.linear (MKL)'}")
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
           f"{where}{'; this project under bf16 autocast' if args.bf16 else ''}")

@@ -34,9 +34,11 @@ class ElmoKernelOptions:
     """Kernel choices of a biLM; set as `model.kernel_options = ElmoKernelOptions(...)` (or `dataclasses.replace`).
 
     Args:
-        onednn: CPU float32 inference matmuls through oneDNN: the same IEEE float32 arithmetic as MKL's summed in
-            another order (outputs differ by ~1e-6), and 2-3x faster on CPUs where MKL only takes its AVX2 path
-            (e.g. AMD EPYC). False: `F.linear` (MKL) everywhere. Training (autograd) always uses `F.linear`.
+        onednn: CPU float32 inference matmuls through oneDNN (True) or `F.linear`, i.e. MKL (False): the same IEEE
+            float32 arithmetic summed in another order (outputs differ by ~1e-6). `"auto"` (the default): MKL on
+            Intel CPUs, where it runs its own fastest code, and oneDNN elsewhere, where MKL only takes its AVX2 path
+            (AMD EPYC: oneDNN 2-3x faster; 2-core Xeon with AMX: MKL 5-10 % faster, see the README's
+            "Performance"). Training (autograd) always uses `F.linear`; the bf16 mode always packs for oneDNN.
         fused_lstm: `"auto"` runs the biLSTM through `nn.LSTM` (cuDNN) on a GPU for models without cell or
             projection clipping, where it computes the same function, else the step loop; `"always"` also for
             clipped models (an approximation: the original ELMo weights clip at 3); `"never"` the step loop.
@@ -49,7 +51,7 @@ class ElmoKernelOptions:
             2M-element weights both are on par (medium) or oneDNN is faster (original).
     """
 
-    onednn: bool = True
+    onednn: bool | str = "auto"
     fused_lstm: str = "auto"
     char_cnn_chunk: int = 1024
     lstm_time_chunk: int = 128
@@ -58,8 +60,8 @@ class ElmoKernelOptions:
     def __post_init__(self) -> None:
         if self.fused_lstm not in FUSED_LSTM_MODES:
             raise ValueError(f"fused_lstm must be 'auto', 'always' or 'never', got {self.fused_lstm!r}")
-        if not isinstance(self.onednn, bool):
-            raise ValueError(f"onednn must be True or False, got {self.onednn!r}")
+        if not (isinstance(self.onednn, bool) or self.onednn == "auto"):
+            raise ValueError(f"onednn must be True, False or 'auto', got {self.onednn!r}")
         for name in ("char_cnn_chunk", "lstm_time_chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -67,6 +69,10 @@ class ElmoKernelOptions:
         value = self.single_row_bmm_max_weight
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"single_row_bmm_max_weight must be an integer >= 0, got {value!r}")
+
+    def uses_onednn(self) -> bool:
+        """Whether CPU float32 inference matmuls go through oneDNN (where this torch build has it)."""
+        return not intel_cpu() if self.onednn == "auto" else self.onednn
 
     def uses_fused_lstm(self, reference: torch.Tensor, clipped: bool) -> bool:
         """Whether a biLSTM (`clipped`: with cell or projection clipping) runs through `fused_lstm` for tensors
@@ -95,44 +101,55 @@ def onednn_available() -> bool:
     return torch.equal(output, torch.full((1, 3), 2.0))
 
 
+def _cpuinfo_field(name: str) -> str:
+    """The first value of `name` in /proc/cpuinfo ("" where it cannot be read, e.g. not on Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.split(":")[0].strip() == name), "")
+    except OSError:
+        return ""
+
+
 @cache
 def native_bf16_cpu() -> bool:
     """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX, from the Linux CPU flags; False where
     they cannot be read). Elsewhere bf16 autocast is emulated: slower than float32, or barely faster."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = _cpuinfo_field("flags").split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@cache
+def intel_cpu() -> bool:
+    """Whether this is an Intel CPU (vendor GenuineIntel in /proc/cpuinfo), where MKL runs its own fastest code."""
+    return _cpuinfo_field("vendor_id") == "GenuineIntel"
 
 
 def onednn_usable(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
     """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast (compilers
     and `torch.export` get `F.linear`)."""
     return (
-        _eager_cpu_inference(x, weight, options)
+        _eager_cpu_inference(x, weight)  # first: compilers cannot trace the CPU check of `uses_onednn`
+        and options.uses_onednn()
         and x.dtype == weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
     )
 
 
-def bf16_autocast_inference(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
+def bf16_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `x @ weight` belongs to the opt-in CPU bf16 mode: eager CPU inference without gradient under
     `torch.autocast("cpu", dtype=torch.bfloat16)`. There the LSTM step weights are packed for oneDNN in bf16 once
     (`packed_lstm_weights`) rather than cast by autocast at every step."""
     return (
-        _eager_cpu_inference(x, weight, options)
+        _eager_cpu_inference(x, weight)
         and torch.is_autocast_enabled("cpu")
         and torch.get_autocast_dtype("cpu") == torch.bfloat16
     )
 
 
-def _eager_cpu_inference(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
-    """oneDNN on, eager (not compiling), this torch build has oneDNN's linear ops, CPU, no gradient needed."""
+def _eager_cpu_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Eager (not compiling), this torch build has oneDNN's linear ops, CPU, no gradient needed."""
     return (
-        options.onednn
-        and not torch.compiler.is_compiling()
+        not torch.compiler.is_compiling()
         and onednn_available()
         and x.device.type == "cpu"
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
@@ -194,7 +211,7 @@ def packed_lstm_weights(
         if all(options.uses_batched_step(x.shape[1], w) for w in present):
             return None
         weights, dtype = [None, *step_weights], torch.float32
-    elif bf16_autocast_inference(x, present[0], options):
+    elif bf16_autocast_inference(x, present[0]):
         dtype = torch.bfloat16
     else:
         return None
