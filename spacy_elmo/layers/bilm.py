@@ -74,7 +74,9 @@ class ElmoShim(PyTorchShim):
         return self._mixed_precision and self.device.type == "cpu"
 
     def predict(self, inputs: ArgsKwargs) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self._cpu_bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self._cpu_bf16), warnings.catch_warnings():
+            # Thinc's predict asks for CUDA autocast, which torch declines with a warning on a CPU.
+            warnings.filterwarnings("ignore", message="CUDA is not available or torch_xla is imported")
             return super().predict(inputs)
 
     def finish_update(self, optimizer) -> None:
