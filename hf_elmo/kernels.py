@@ -165,7 +165,7 @@ def linear(
 ) -> torch.Tensor:
     """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be `pack_weight`'s (then the
     result has its dtype)."""
-    if weight.is_mkldnn:
+    if weight.is_mkldnn and weight.dtype != torch.float32:  # a bf16 pack (the bf16 mode): operands to its dtype
         x = x.to(weight.dtype)
         bias = None if bias is None else bias.to(weight.dtype)
         add = None if add is None else add.to(weight.dtype)
