@@ -49,6 +49,7 @@ from hf_elmo.training import (
 )
 from hf_elmo.training import losses as losses_module
 from hf_elmo.training.checkpointing import list_checkpoints, remove_partial_checkpoints
+from hf_elmo.training.growth import widen_lstm_cells
 from hf_elmo.training.losses import log_uniform_probability
 
 TOY = FIXTURES / "bilm-tf" / "train"
@@ -444,6 +445,52 @@ def test_fine_tuning_a_bilm_keeps_its_vocabulary_and_tokenizer(toy_lm, tmp_path,
     assert not torch.equal(tuned.elmo.char_cnn.char_embedding.weight, before.elmo.char_cnn.char_embedding.weight)
     card = (output / "README.md").read_text()
     assert f"the biLM `{toy_lm.name}` (a local directory) (fine-tuned)" in card and str(toy_lm) not in card
+
+
+def test_widened_lstm_cells_compute_the_same_function_and_the_new_cells_learn():
+    vocabulary = WordVocabulary.load(require(TOY / "vocab.txt"))
+    torch.manual_seed(0)
+    lm = ElmoForBidirectionalLM(ElmoConfig(**json.loads(TOY_MODEL), vocab_size=len(vocabulary)))
+    wide = widen_lstm_cells(lm, 40)
+    assert (wide.config.lstm_dim, lm.config.lstm_dim) == (40, 16)
+    batch = toy_batch(vocabulary)
+    narrow_output, wide_output = lm.eval()(**batch), wide.eval()(**batch)
+    for narrow_layer, wide_layer in zip(narrow_output.hidden_states, wide_output.hidden_states, strict=True):
+        torch.testing.assert_close(wide_layer, narrow_layer, rtol=0, atol=1e-6)
+    torch.testing.assert_close(wide_output.loss, narrow_output.loss, rtol=0, atol=1e-6)
+    wide_output.loss.backward()
+    bound = math.sqrt(6.0 / (8 + 8 + 4 * 40))  # bilm-tf's glorot on [x; h] at the new width
+    for narrow_layer, wide_layer in zip(lm.elmo.bilstm.layers, wide.elmo.bilstm.layers, strict=True):
+        gates = wide_layer.input_weight.view(2, 4, 40, -1)
+        assert torch.equal(gates[:, :, :16], narrow_layer.input_weight.view(2, 4, 16, -1))
+        assert 0.5 * bound < gates[:, :, 16:].abs().max() <= bound  # new cells read their inputs from the start
+        assert torch.equal(wide_layer.bias.view(2, 4, 40)[:, :, :16], narrow_layer.bias.view(2, 4, 16))
+        assert torch.equal(wide_layer.projection_weight[..., :16], narrow_layer.projection_weight)
+        assert not wide_layer.projection_weight[..., 16:].any()  # and feed nothing until trained
+        assert wide_layer.projection_weight.grad[..., 16:].abs().sum() > 0  # the gradient reaches them
+    with pytest.raises(ValueError, match="narrower"):
+        widen_lstm_cells(lm, 8)
+    unprojected = ElmoModel(ElmoConfig(**{**json.loads(TOY_MODEL), "projection_dim": 16}))
+    with pytest.raises(ValueError, match="no projection"):
+        widen_lstm_cells(unprojected, 32)
+
+
+def test_pretrain_grows_a_trained_bilm_and_refuses_other_architecture_changes(toy_lm, tmp_path, one_thread):
+    domain = write_corpus(tmp_path / "domain.txt", toy_lines())
+    model_config = {**json.loads(TOY_MODEL), "lstm_dim": 24}  # the recipe's fields, one of them grown
+    output = train(parse_arguments([
+        "--train_files", str(domain), "--init_model", str(toy_lm), "--output_dir", str(tmp_path / "grown"),
+        "--model_config", json.dumps(model_config), "--max_steps", "2", "--threads", "1",
+    ]))
+    grown = ElmoForBidirectionalLM.from_pretrained(output)
+    assert grown.config.lstm_dim == 24 and grown.elmo.bilstm.layers[0].input_weight.shape == (2, 96, 8)
+    assert "its LSTM cells widened from 16 to 24" in (output / "README.md").read_text()
+    reset_accelerate()
+    with pytest.raises(ValueError, match="differs from --init_model's config in n_highway, projection_dim"):
+        train(parse_arguments([
+            "--train_files", str(domain), "--init_model", str(toy_lm), "--output_dir", str(tmp_path / "other"),
+            "--model_config", json.dumps({**model_config, "n_highway": 2, "projection_dim": 4}), "--max_steps", "2",
+        ]))
 
 
 def test_an_encoder_without_softmax_gets_a_new_softmax_trained_first(tmp_path, one_thread):

@@ -41,6 +41,7 @@ from .card import describe_files, training_source
 from .checkpointing import latest_checkpoint, load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from .data import DataPosition, LMBatches
 from .evaluation import evaluate, perplexities
+from .growth import widen_lstm_cells
 from .losses import BidirectionalLMLoss
 from .vocabulary import VOCAB_FILE, WordVocabulary, build_vocabulary
 
@@ -83,7 +84,9 @@ class PretrainArguments:
                                    "a directory or Hub id. Default: a new model."})
     preset: str = field(default="small", metadata={"help": "Architecture of a new model: small, medium, original."})
     model_config: str | None = field(default=None, metadata={"help": "JSON object of ElmoConfig fields that "
-                                     "override the preset, e.g. '{\"lstm_dim\": 512}'."})
+                                     "override the preset, e.g. '{\"lstm_dim\": 512}'. With --init_model, fields "
+                                     "equal to its config's, and a larger lstm_dim to grow it: the new cells start "
+                                     "with zero projection columns, so it computes the same function until trained."})
     dropout: float | None = field(default=None, metadata={"help": "Override the model's dropout."})
     num_sampled: int = field(default=0, metadata={"help": "Sampled softmax with this many log-uniform candidates "
                              "(bilm-tf: 8192); 0 = full softmax. Evaluation always uses the full softmax."})
@@ -182,7 +185,33 @@ def load_model(
 ) -> tuple[ElmoForBidirectionalLM, WordVocabulary, str]:
     """The biLM to train, its vocabulary, and where its weights come from (for the card)."""
     overrides = {"dropout": args.dropout} if args.dropout is not None else {}
-    if init_config is not None and init_config.vocab_size:  # continue an LM with its own softmax and vocabulary
+    model_config = json.loads(args.model_config) if args.model_config else {}
+    if init_config is not None:
+        changed = sorted(name for name, value in model_config.items()
+                         if json.loads(json.dumps(getattr(init_config, name, None))) != value)
+        fixed = [name for name in changed if name != "lstm_dim"]
+        if fixed:
+            raise ValueError(f"--model_config differs from --init_model's config in {', '.join(fixed)}: a trained "
+                             "model can only grow its LSTM cells (lstm_dim)")
+        lm, vocabulary, source = load_initial_model(args, init_config, overrides, accelerator, word_tokenizer_name)
+        if changed:
+            lm = widen_lstm_cells(lm, model_config["lstm_dim"])
+            source += f", its LSTM cells widened from {init_config.lstm_dim} to {model_config['lstm_dim']}"
+        return lm, vocabulary, source
+    vocabulary = load_vocabulary(args, accelerator, word_tokenizer_name)
+    config = ElmoConfig.from_preset(args.preset, **{**model_config, **overrides, "vocab_size": len(vocabulary)})
+    return ElmoForBidirectionalLM(config), vocabulary, "random initialisation"
+
+
+def load_initial_model(
+    args: PretrainArguments,
+    init_config: ElmoConfig,
+    overrides: dict,
+    accelerator: Accelerator,
+    word_tokenizer_name: str,
+) -> tuple[ElmoForBidirectionalLM, WordVocabulary, str]:
+    """--init_model as a biLM with a softmax, its vocabulary, and where its weights come from (for the card)."""
+    if init_config.vocab_size:  # continue an LM with its own softmax and vocabulary
         if args.vocab_file:
             raise ValueError("--init_model has a softmax, trained further with its own vocabulary: drop --vocab_file")
         try:
@@ -196,17 +225,14 @@ def load_model(
         if accelerator.is_main_process:
             vocabulary.save(Path(args.output_dir) / VOCAB_FILE)
         return lm, vocabulary, f"the biLM {describe_model(args.init_model)} (fine-tuned)"
+    # An encoder without softmax (e.g. converted original weights): add a new one.
     vocabulary = load_vocabulary(args, accelerator, word_tokenizer_name)
-    if init_config is not None:  # an encoder without softmax (e.g. converted original weights): add a new one
-        config = ElmoConfig.from_dict({**init_config.to_dict(), **overrides, "vocab_size": len(vocabulary)})
-        # A new model, then the encoder's weights: its softmax gets bilm-tf's initialisation this way (loading the
-        # encoder with `ElmoForBidirectionalLM.from_pretrained(..., vocab_size=...)` leaves it uninitialised).
-        lm = ElmoForBidirectionalLM(config)
-        lm.elmo.load_state_dict(ElmoModel.from_pretrained(args.init_model).state_dict())
-        return lm, vocabulary, f"the biLM {describe_model(args.init_model)} with a new softmax"
-    model_config = json.loads(args.model_config) if args.model_config else {}
-    config = ElmoConfig.from_preset(args.preset, **{**model_config, **overrides, "vocab_size": len(vocabulary)})
-    return ElmoForBidirectionalLM(config), vocabulary, "random initialisation"
+    config = ElmoConfig.from_dict({**init_config.to_dict(), **overrides, "vocab_size": len(vocabulary)})
+    # A new model, then the encoder's weights: its softmax gets bilm-tf's initialisation this way (loading the
+    # encoder with `ElmoForBidirectionalLM.from_pretrained(..., vocab_size=...)` leaves it uninitialised).
+    lm = ElmoForBidirectionalLM(config)
+    lm.elmo.load_state_dict(ElmoModel.from_pretrained(args.init_model).state_dict())
+    return lm, vocabulary, f"the biLM {describe_model(args.init_model)} with a new softmax"
 
 
 def make_optimizer(args: PretrainArguments, parameters) -> torch.optim.Optimizer:
