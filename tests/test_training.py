@@ -470,6 +470,8 @@ def test_widened_lstm_cells_compute_the_same_function_and_the_new_cells_learn():
         assert wide_layer.projection_weight.grad[..., 16:].abs().sum() > 0  # the gradient reaches them
     with pytest.raises(ValueError, match="narrower"):
         widen_lstm_cells(lm, 8)
+    with pytest.raises(ValueError, match="lstm_dim must be an integer"):
+        widen_lstm_cells(lm, "40")
     unprojected = ElmoModel(ElmoConfig(**{**json.loads(TOY_MODEL), "projection_dim": 16}))
     with pytest.raises(ValueError, match="no projection"):
         widen_lstm_cells(unprojected, 32)

@@ -22,12 +22,13 @@ def widen_lstm_cells(model: ElmoPreTrainedModel, lstm_dim: int) -> ElmoPreTraine
     and all-zero columns in the projection (2, P, lstm_dim), so the copy's outputs are the model's.
     """
     config = model.config
+    wide_config = ElmoConfig.from_dict({**config.to_dict(), "lstm_dim": lstm_dim})  # validates lstm_dim
     if lstm_dim < config.lstm_dim:
         raise ValueError(f"lstm_dim {lstm_dim} is narrower than the model's {config.lstm_dim}: cells can only be added")
     if config.projection_dim >= config.lstm_dim:
         raise ValueError(f"the model has no projection (projection_dim {config.projection_dim} = lstm_dim): "
                          "wider cells would widen its outputs")
-    wide = type(model)(ElmoConfig.from_dict({**config.to_dict(), "lstm_dim": lstm_dim}))  # bilm-tf's init
+    wide = type(model)(wide_config)  # bilm-tf's initialisation, then the model's weights
     wide.to(model.dtype)
     fresh, state, cells = wide.state_dict(), model.state_dict(), config.lstm_dim
     for prefix, layer in model.named_modules():

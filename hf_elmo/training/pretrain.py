@@ -195,6 +195,8 @@ def load_model(
                              "model can only grow its LSTM cells (lstm_dim)")
         lm, vocabulary, source = load_initial_model(args, init_config, overrides, accelerator, word_tokenizer_name)
         if changed:
+            logger.info(f"Growing the LSTM cells of {args.init_model} from {init_config.lstm_dim} to "
+                        f"{model_config['lstm_dim']} (--model_config)", main_process_only=True)
             lm = widen_lstm_cells(lm, model_config["lstm_dim"])
             source += f", its LSTM cells widened from {init_config.lstm_dim} to {model_config['lstm_dim']}"
         return lm, vocabulary, source
