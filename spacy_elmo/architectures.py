@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from spacy.ml.models.textcat import build_reduce_text_classifier
 from spacy.tokens import Doc
 from spacy.util import SimpleFrozenDict, registry
 from thinc.api import Dropout, Linear, Model, PyTorchLSTM, chain, concatenate, with_array, with_padded
@@ -153,6 +154,55 @@ def tok2vec_with_elmo_v1(
         model = concatenate(model, elmo_output)
     model.set_dim("nO", width + (output_width(elmo_output) if elmo_output is not None else 0), force=True)
     return model
+
+
+@registry.architectures("spacy-elmo.TextCatReduce.v1")
+def textcat_reduce_v1(
+    tok2vec: Model[list[Doc], list[Floats2d]],
+    exclusive_classes: bool,
+    use_reduce_first: bool,
+    use_reduce_last: bool,
+    use_reduce_max: bool,
+    use_reduce_mean: bool,
+    nO: int | None = None,
+) -> Model[list[Doc], Floats2d]:
+    """spaCy's `spacy.TextCatReduce.v1` (a linear classifier on the pooled token vectors) that also accepts empty
+    texts with max, first or last pooling: a Doc without tokens pools one zero row (spaCy's own raises in Thinc's
+    reduce_max / reduce_first / reduce_last). The paper's SST-5 model pools by max and mean (among others).
+
+    tok2vec, exclusive_classes, use_reduce_*, nO: as in `spacy.TextCatReduce.v1`.
+    """
+    model = build_reduce_text_classifier(
+        at_least_one_row(tok2vec), exclusive_classes, use_reduce_first, use_reduce_last, use_reduce_max,
+        use_reduce_mean, nO,
+    )
+    model.set_ref("tok2vec", tok2vec)  # the token vectors themselves, as in spaCy's
+    return model
+
+
+def at_least_one_row(tok2vec: Model[list[Doc], list[Floats2d]]) -> Model[list[Doc], list[Floats2d]]:
+    """`tok2vec`'s vectors per Doc, with one zero row (and no gradient) for a Doc without tokens."""
+    return Model("at_least_one_row", _at_least_one_row_forward, init=_at_least_one_row_init, layers=[tok2vec],
+                 dims={"nO": tok2vec.get_dim("nO") if tok2vec.has_dim("nO") is True else None})
+
+
+def _at_least_one_row_init(model: Model, X: list[Doc] | None = None, Y: None = None) -> None:
+    tok2vec = model.layers[0]
+    tok2vec.initialize(X=X)
+    if model.has_dim("nO") is not True:
+        model.set_dim("nO", output_width(tok2vec))
+
+
+def _at_least_one_row_forward(
+    model: Model, docs: list[Doc], is_train: bool
+) -> tuple[list[Floats2d], Callable[[list[Floats2d]], list[Doc]]]:
+    rows, backprop = model.layers[0](docs, is_train)
+    padded = [vectors if len(vectors) else model.ops.alloc2f(1, vectors.shape[1]) for vectors in rows]
+
+    def backprop_padded(d_padded: list[Floats2d]) -> list[Doc]:
+        return backprop([d_vectors[: len(vectors)] for vectors, d_vectors in zip(rows, d_padded)])
+
+    return padded, backprop_padded
 
 
 def output_width(model: Model) -> int:

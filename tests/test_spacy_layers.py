@@ -180,6 +180,34 @@ def test_listener_uses_the_batch_it_was_sent_and_scales_the_gradient():
         node.begin_update([Doc(vocab, words=["other"])])
 
 
+def test_textcat_reduce_pools_an_empty_text_by_max_first_and_last_where_spacys_raises():
+    nlp = spacy.blank("en")
+    docs = [nlp("a gorgeous , witty movie"), nlp(""), nlp("dull")]
+    tok2vec = {"@architectures": "spacy.HashEmbedCNN.v2", "width": 8, "depth": 1, "embed_size": 100,
+               "window_size": 1, "maxout_pieces": 2, "subword_features": False, "pretrained_vectors": None}
+    models = []
+    for name in ("spacy.TextCatReduce.v1", "spacy-elmo.TextCatReduce.v1"):
+        config = {"@architectures": name, "tok2vec": tok2vec, "exclusive_classes": True, "nO": 3,
+                  "use_reduce_first": True, "use_reduce_last": True, "use_reduce_max": True, "use_reduce_mean": True}
+        models.append(registry.resolve(Config({"model": config}))["model"])
+        models[-1].initialize(X=docs[:1])
+    spacy_model, ours = models
+    ours_nodes = [node for node in ours.walk(order="dfs_pre") if node.name != "at_least_one_row"]
+    for spacy_node, ours_node in zip(spacy_model.walk(order="dfs_pre"), ours_nodes, strict=True):
+        for name in spacy_node.param_names:
+            ours_node.set_param(name, spacy_node.get_param(name))
+    with pytest.raises(ValueError, match="lengths must be > 0"):
+        spacy_model.predict(docs)
+    scores, backprop = ours.begin_update(docs)
+    np.testing.assert_allclose(scores[[0, 2]], spacy_model.predict([docs[0], docs[2]]), rtol=1e-6)
+    bias = spacy_model.get_ref("output_layer").get_param("b")
+    np.testing.assert_allclose(scores[1], np.exp(bias) / np.exp(bias).sum(), rtol=1e-6)  # a zero pooled vector
+    assert [len(vectors) for vectors in ours.get_ref("tok2vec").predict(docs)] == [5, 0, 1]
+    backprop(np.ones_like(scores))
+    gradients = [node.get_grad(name) for node in ours.walk() for name in node.grad_names]
+    assert gradients and all(np.isfinite(gradient).all() for gradient in gradients)
+
+
 def test_span_getters_cut_long_spans_into_windows():
     nlp = spacy.blank("en")
     doc = nlp("one two three four five . six seven .")
