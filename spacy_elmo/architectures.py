@@ -13,7 +13,7 @@ from thinc.types import Floats2d, Floats3d
 
 from hf_elmo import DEFAULT_MODEL_NAME
 
-from .layers import ElmoListener, build_bilm, scalar_mix, standalone_bilm
+from .layers import ElmoListener, at_least_one_row, build_bilm, scalar_mix, standalone_bilm
 
 NO_SETTINGS = SimpleFrozenDict()
 
@@ -178,31 +178,6 @@ def textcat_reduce_v1(
     )
     model.set_ref("tok2vec", tok2vec)  # the token vectors themselves, as in spaCy's
     return model
-
-
-def at_least_one_row(tok2vec: Model[list[Doc], list[Floats2d]]) -> Model[list[Doc], list[Floats2d]]:
-    """`tok2vec`'s vectors per Doc, with one zero row (and no gradient) for a Doc without tokens."""
-    return Model("at_least_one_row", _at_least_one_row_forward, init=_at_least_one_row_init, layers=[tok2vec],
-                 dims={"nO": tok2vec.get_dim("nO") if tok2vec.has_dim("nO") is True else None})
-
-
-def _at_least_one_row_init(model: Model, X: list[Doc] | None = None, Y: None = None) -> None:
-    tok2vec = model.layers[0]
-    tok2vec.initialize(X=X)
-    if model.has_dim("nO") is not True:
-        model.set_dim("nO", output_width(tok2vec))
-
-
-def _at_least_one_row_forward(
-    model: Model, docs: list[Doc], is_train: bool
-) -> tuple[list[Floats2d], Callable[[list[Floats2d]], list[Doc]]]:
-    rows, backprop = model.layers[0](docs, is_train)
-    padded = [vectors if len(vectors) else model.ops.alloc2f(1, vectors.shape[1]) for vectors in rows]
-
-    def backprop_padded(d_padded: list[Floats2d]) -> list[Doc]:
-        return backprop([d_vectors[: len(vectors)] for vectors, d_vectors in zip(rows, d_padded)])
-
-    return padded, backprop_padded
 
 
 def output_width(model: Model) -> int:
