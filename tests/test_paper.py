@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 from elmo_fixtures import require
@@ -55,3 +56,14 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     changed = json.loads((tmp_path / "changed" / "runs.json").read_text())
     assert changed["sst2/without/seed0/1"] == runs["sst2/without/seed0/1"]
     assert changed["sst2/with/seed0/1"]["path"].startswith(str(tmp_path / "changed"))
+
+
+def test_each_task_trains_for_its_own_budget_unless_max_steps_sets_one():
+    spec = importlib.util.spec_from_file_location("paper_run", REPO / "benchmarks" / "paper" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    full = run.parse_args([])
+    assert {task: run.max_steps(full, task) for task in run.TASKS} == {"ner": 1500, "sst5": 6000, "sst2": 2000}
+    fixed = run.parse_args(["--max-steps", "7"])
+    assert {run.max_steps(fixed, task) for task in run.TASKS} == {7}
+    assert {run.max_steps(run.parse_args(["--quick"]), task) for task in run.TASKS} == {6}
