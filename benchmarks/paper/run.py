@@ -51,8 +51,8 @@ class Task(NamedTuple):
     dev_file: str
     score_key: str
     score_name: str
-    # Steps per run unless --max-steps says otherwise: where the runs with and without ELMo have levelled off
-    # (SST-5: 2,000 steps were half a pass over its phrases, both sides still climbing; benchmarks/paper/README.md).
+    # Steps per run unless --max-steps says otherwise (SST-5: at 2,000 steps, less than one pass over its phrases,
+    # the runs with and without ELMo were both still climbing; benchmarks/paper/README.md).
     max_steps: int
     # The reader's options for the training file: SST-5 trains on every labelled phrase of its trees (as the
     # paper's SST-5 model did) and is scored on the dev sentences.
