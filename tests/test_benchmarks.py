@@ -31,3 +31,17 @@ def test_bench_inference_bf16_prints_its_distance_to_float32():
     name, tokens_per_second, latency, cached, difference, cosine = row.split()
     assert name == "small" and float(tokens_per_second) > 0 and float(latency) > 0
     assert 0 < float(difference) < 0.1 and 0.999 < float(cosine) <= 1.0
+
+
+def test_bench_lstm_step_prints_the_weights_read_per_step_and_the_ceiling_they_imply():
+    output = run_python(REPO / "benchmarks" / "bench_lstm_step.py", "--presets", "small", "--rows", "1,4",
+                        "--repeats", 1, "--threads", 1, "--read-mib", 8, "--peak-size", 128)
+    rows = [line.split() for line in output.strip().splitlines()[-4:]]
+    # small: 2 directions x (recurrent 4096 x 128 + projection 128 x 1024) weights
+    elements = 2 * (4 * 1024 * 128 + 128 * 1024)
+    assert [(r[0], r[1], int(r[2])) for r in rows] == [("small", d, n) for d in ("float32", "bf16") for n in (1, 4)]
+    for _, dtype, n, step, matmuls, megabytes, read, gflops, ceiling in rows:
+        assert float(megabytes) == pytest.approx(elements * (4 if dtype == "float32" else 2) / 1e6, abs=0.006)
+        assert float(read) == pytest.approx(float(megabytes) / 1e3 / (float(matmuls) * 1e-6), rel=0.01)
+        assert float(gflops) == pytest.approx(2 * int(n) * elements / (float(matmuls) * 1e-6) / 1e9, rel=0.01)
+        assert float(ceiling) == pytest.approx(int(n) / (2 * float(step) * 1e-6), rel=0.01)
