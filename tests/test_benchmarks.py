@@ -40,8 +40,10 @@ def test_bench_lstm_step_prints_the_weights_read_per_step_and_the_ceiling_they_i
     # small: 2 directions x (recurrent 4096 x 128 + projection 128 x 1024) weights
     elements = 2 * (4 * 1024 * 128 + 128 * 1024)
     assert [(r[0], r[1], int(r[2])) for r in rows] == [("small", d, n) for d in ("float32", "bf16") for n in (1, 4)]
+    # Each figure from the printed ones, within their rounding (half a printed unit, plus 1 % for the inputs').
     for _, dtype, n, step, matmuls, megabytes, read, gflops, ceiling in rows:
         assert float(megabytes) == pytest.approx(elements * (4 if dtype == "float32" else 2) / 1e6, abs=0.006)
-        assert float(read) == pytest.approx(float(megabytes) / 1e3 / (float(matmuls) * 1e-6), rel=0.01)
-        assert float(gflops) == pytest.approx(2 * int(n) * elements / (float(matmuls) * 1e-6) / 1e9, rel=0.01)
-        assert float(ceiling) == pytest.approx(int(n) / (2 * float(step) * 1e-6), rel=0.01)
+        assert float(read) == pytest.approx(float(megabytes) / 1e3 / (float(matmuls) * 1e-6), rel=0.01, abs=0.06)
+        assert float(gflops) == pytest.approx(2 * int(n) * elements / (float(matmuls) * 1e-6) / 1e9, rel=0.01,
+                                              abs=0.06)
+        assert float(ceiling) == pytest.approx(int(n) / (2 * float(step) * 1e-6), rel=0.01, abs=0.6)
