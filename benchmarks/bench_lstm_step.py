@@ -16,26 +16,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import torch
-from bench_training import matmul_flops_per_second  # benchmarks/ (the script's directory)
+from bench_training import best_seconds, matmul_flops_per_second  # benchmarks/ (the script's directory)
 
 from hf_elmo import ElmoConfig, ElmoInferenceCache, ElmoKernelOptions
 from hf_elmo.kernels import both_directions, packed_lstm_weights
 from hf_elmo.modeling_elmo import ElmoLstmLayer
-
-
-def best_seconds(function, repeats: int, calls: int) -> float:
-    """Best of `repeats` means over `calls` calls, after a warm-up."""
-    function()
-    timings = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            function()
-        timings.append((time.perf_counter() - start) / calls)
-    return min(timings)
 
 
 def read_bytes_per_second(mebibytes: int, repeats: int) -> float:

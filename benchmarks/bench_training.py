@@ -57,15 +57,20 @@ def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> dict[str, flo
                  "bf16": lambda: torch.mm(a16, b16)}
         rates = {}
         for name, function in paths.items():
-            function()
-            rates[name] = 2 * size**3 / min(_timed(function) for _ in range(repeats))
+            rates[name] = 2 * size**3 / best_seconds(function, repeats)
     return rates
 
 
-def _timed(function) -> float:
-    start = time.perf_counter()
+def best_seconds(function, repeats: int, calls: int = 1) -> float:
+    """Best of `repeats` means over `calls` calls of `function`, after a warm-up call."""
     function()
-    return time.perf_counter() - start
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        timings.append((time.perf_counter() - start) / calls)
+    return min(timings)
 
 
 def main() -> None:
