@@ -495,6 +495,20 @@ def test_pretrain_grows_a_trained_bilm_and_refuses_other_architecture_changes(to
         ]))
 
 
+def test_dropout_of_a_continued_bilm_comes_from_the_recipe_and_then_from_dropout(toy_lm, tmp_path, one_thread):
+    """Dropout is a training setting: a recipe's `model_config` may set it for --init_model (a run continued with
+    the recipe once failed because the trained model's dropout differed from the recipe's), --dropout overrides it."""
+    domain = write_corpus(tmp_path / "domain.txt", toy_lines())
+    assert ElmoForBidirectionalLM.from_pretrained(toy_lm).config.dropout == 0.1
+    args = ["--train_files", str(domain), "--init_model", str(toy_lm), "--max_steps", "1", "--threads", "1",
+            "--model_config", json.dumps({**json.loads(TOY_MODEL), "dropout": 0.0})]
+    from_recipe = train(parse_arguments([*args, "--output_dir", str(tmp_path / "recipe")]))
+    assert ElmoForBidirectionalLM.from_pretrained(from_recipe).config.dropout == 0.0
+    reset_accelerate()
+    from_flag = train(parse_arguments([*args, "--output_dir", str(tmp_path / "flag"), "--dropout", "0.25"]))
+    assert ElmoForBidirectionalLM.from_pretrained(from_flag).config.dropout == 0.25
+
+
 def test_an_encoder_without_softmax_gets_a_new_softmax_trained_first(tmp_path, one_thread):
     torch.manual_seed(0)
     encoder = ElmoModel(ElmoConfig(**json.loads(TOY_MODEL)))

@@ -184,8 +184,12 @@ def load_model(
     args: PretrainArguments, init_config: ElmoConfig | None, accelerator: Accelerator, word_tokenizer_name: str
 ) -> tuple[ElmoForBidirectionalLM, WordVocabulary, str]:
     """The biLM to train, its vocabulary, and where its weights come from (for the card)."""
-    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
     model_config = json.loads(args.model_config) if args.model_config else {}
+    # Dropout is a training setting, not part of the trained function: --model_config and --dropout set it for
+    # --init_model too, --dropout taking precedence.
+    overrides = {"dropout": model_config.pop("dropout")} if "dropout" in model_config else {}
+    if args.dropout is not None:
+        overrides["dropout"] = args.dropout
     if init_config is not None:
         changed = sorted(name for name, value in model_config.items()
                          if json.loads(json.dumps(getattr(init_config, name, None))) != value)
