@@ -435,6 +435,29 @@ def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenize
     assert len(cache) == 0 and cached.char_cnn.convs[0].weight.grad is not None
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_char_cnn_is_the_papers_convolution_max_pool_and_activation(activation):
+    """The char CNN (one matmul per filter width, the bias added after the max-pool) against `nn.Conv1d` with its
+    bias, max over positions, activation: the same values and gradients, the bias's included."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(activation=activation, n_highway=0)).train()
+    cnn = model.char_cnn
+    for conv in cnn.convs:
+        torch.nn.init.normal_(conv.bias)  # bilm-tf initialises it to zero: make it matter
+    char_ids = ElmoCharTokenizer()([["a", "bank", "x" * 60, "Übung"]], is_split_into_words=True,
+                                   add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    chars = cnn.char_embedding(char_ids).transpose(1, 2)  # (words, char_dim, chars)
+    act = torch.tanh if activation == "tanh" else torch.relu
+    reference = cnn.projection(torch.cat([act(conv(chars).amax(dim=-1)) for conv in cnn.convs], dim=-1),
+                               model.kernel_options)
+    output = cnn.token_representation(char_ids, model.kernel_options)
+    torch.testing.assert_close(output, reference, rtol=0, atol=1e-6)
+    weights = [cnn.char_embedding.weight, *(p for conv in cnn.convs for p in (conv.weight, conv.bias))]
+    for got, expected in zip(torch.autograd.grad(output.square().sum(), weights),
+                             torch.autograd.grad(reference.square().sum(), weights), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
 def test_char_cnn_skips_padding_positions_without_changing_values_or_gradients():
     """Positions after the longest word of a chunk are all padding: the max-pool reads one of them, not all 50."""
     torch.manual_seed(0)
