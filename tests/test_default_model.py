@@ -95,8 +95,11 @@ def test_a_word_gets_one_token_vector_but_different_contextual_vectors(model, to
 
 
 def test_uses_of_a_word_in_the_same_sense_are_closer_than_in_different_senses(model, tokenizer):
+    """`make demo`'s figure: in the top layer, the mean cosine of same-sense pairs exceeds that of cross-sense
+    pairs by at least 0.10 for both words (the default model's target; run 12 gave "bank" 0.088, run 15 0.108)."""
     for report in sense_reports(model, tokenizer):
-        assert report.mean_similarity(same_sense=True) > report.mean_similarity(same_sense=False), report.word
+        margin = report.mean_similarity(same_sense=True) - report.mean_similarity(same_sense=False)
+        assert margin >= 0.10, (report.word, margin)
 
 
 def test_elmo_demo_runs_offline(monkeypatch):
