@@ -5,6 +5,7 @@
   ones with weights packed by `pack_weight` (the opt-in bf16 mode: inference under CPU bf16 autocast).
 - `both_directions`: one LSTM step's matmul for the forward and backward LM at once.
 - `fused_lstm`: an LSTM layer through `nn.LSTM(proj_size)` (cuDNN on a GPU).
+- `unique_rows`: the distinct words of a batch (rows of character ids).
 - `ElmoInferenceCache`: what inference may keep between calls (token representations of frequent words, LSTM
   weights packed for oneDNN), explicit and thread-safe; the modules themselves hold no state but their weights.
 
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -282,6 +284,18 @@ def fused_lstm(
         final_h.append(torch.cat([h[0], state[0][d, started:]]))
         final_c.append(torch.cat([c[0], state[1][d, started:]]))
     return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
+
+
+def unique_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, k) integer ids → (distinct rows (m, k), inverse (n,)) with rows[inverse] equal to ids, as
+    `torch.unique(ids, dim=0, return_inverse=True)`; on CPU through NumPy, which compares whole rows as bytes (4x
+    faster than torch's row-by-row comparisons), so the distinct rows come in another order."""
+    if ids.device.type != "cpu" or not ids.numel():
+        return torch.unique(ids, dim=0, return_inverse=True)
+    rows = np.ascontiguousarray(ids.numpy())
+    as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
+    _, first, inverse = np.unique(as_bytes, return_index=True, return_inverse=True)
+    return ids[torch.from_numpy(first)], torch.from_numpy(inverse.reshape(-1))
 
 
 def _weights_state(parameters: Sequence[torch.Tensor]) -> tuple:

@@ -26,7 +26,15 @@ from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassif
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_elmo import ElmoConfig
-from .kernels import ElmoInferenceCache, ElmoKernelOptions, both_directions, fused_lstm, linear, packed_lstm_weights
+from .kernels import (
+    ElmoInferenceCache,
+    ElmoKernelOptions,
+    both_directions,
+    fused_lstm,
+    linear,
+    packed_lstm_weights,
+    unique_rows,
+)
 
 # TensorFlow's LSTMCell adds this to the forget gate at run time; it is not part of the stored bias.
 FORGET_BIAS = 1.0
@@ -121,8 +129,8 @@ class ElmoCharCNN(nn.Module):
         )
         self.output_dim = config.projection_dim
 
-    def token_representation(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
-        """(words, chars) character ids → (words, projection_dim): the paper's char CNN, highway and projection."""
+    def _pooled(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+        """(words, chars) character ids → (words, n_filters): every filter bank convolved, max-pooled, activated."""
         chars = self.char_embedding(char_ids)  # (words, chars, char_dim)
         pooled = []
         for conv in self.convs:
@@ -133,28 +141,49 @@ class ElmoCharCNN(nn.Module):
             # pool: the same maximum, as rounding is monotonic, without a bias copy per window).
             pooled.append(self.activation(linear(windows, conv.weight.flatten(1), None, options).amax(dim=1)
                                           + conv.bias))
-        highway = self.highway(torch.cat(pooled, dim=-1), options)
+        return torch.cat(pooled, dim=-1)
+
+    def token_representation(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+        """(words, chars) character ids → (words, projection_dim): the paper's char CNN, highway and projection."""
+        return self._highway_projection(self._pooled(char_ids, options), options)
+
+    def _highway_projection(self, pooled: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+        """(words, n_filters) pooled filters → (words, projection_dim)."""
+        highway = self.highway(pooled, options)
         return highway if self.projection is None else self.projection(highway, options)
 
     def embed_words(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
-        """(words, chars) character ids → (words, projection_dim), in chunks of `options.char_cnn_chunk` words,
-        each cut after the character positions it uses."""
+        """(words, chars) character ids → (words, projection_dim), in chunks of `options.char_cnn_chunk` words.
+
+        Words are taken shortest first, and the convolutions of a chunk run per group of words of similar length,
+        each cut after the character positions its longest word uses: short words do not pay for the long ones.
+        A group closes where the length grows once it holds a 32nd of a chunk (fewer, larger matmuls).
+        """
         if not len(char_ids):
             return self.char_embedding.weight.new_zeros(0, self.output_dim)
-        chunks = char_ids.split(options.char_cnn_chunk)
-        return torch.cat([self.token_representation(chunk[:, : self._used_positions(chunk)], options)
-                          for chunk in chunks])
+        used, order = self._used_positions(char_ids).sort(stable=True)
+        char_ids, used = char_ids[order], used.tolist()
+        chunk, representations = options.char_cnn_chunk, []
+        for chunk_start in range(0, len(used), chunk):
+            chunk_end, start, pooled = min(chunk_start + chunk, len(used)), chunk_start, []
+            for end in range(chunk_start + 1, chunk_end + 1):
+                if end == chunk_end or (used[end] > used[end - 1] and end - start >= chunk // 32):
+                    pooled.append(self._pooled(char_ids[start:end, : used[end - 1]], options))
+                    start = end
+            representations.append(self._highway_projection(torch.cat(pooled), options))
+        return torch.cat(representations)[order.argsort()]
 
-    def _used_positions(self, char_ids: torch.Tensor) -> int:
-        """How many leading character positions of (words, chars) ids the max-pool needs to see.
+    def _used_positions(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """(words, chars) ids → (words,): how many leading character positions of each word the max-pool needs.
 
-        Beyond the last non-padding character of the chunk every window is all padding, and all such windows
-        of a width give the same value; keeping `widest filter` padding positions keeps one of them, so the
-        pooled maximum (and its gradient) is the one over all positions.
+        Beyond a word's last non-padding character every window is all padding, and all such windows of a width
+        give the same value; keeping `widest filter` padding positions keeps one of them, so the pooled maximum
+        (and its gradient) is the one over all positions.
         """
-        used = (char_ids != PADDING_CHAR_ID).any(dim=0).nonzero()
-        last = int(used[-1]) if len(used) else -1
-        return min(char_ids.shape[1], last + 1 + self.widest_filter)
+        chars = char_ids.shape[1]
+        used = char_ids != PADDING_CHAR_ID
+        last = torch.where(used.any(dim=1), chars - 1 - used.flip(1).int().argmax(dim=1), -1)
+        return (last + 1 + self.widest_filter).clamp(max=chars)
 
     def forward(
         self,
@@ -172,7 +201,7 @@ class ElmoCharCNN(nn.Module):
         if torch.compiler.is_compiling():
             embedded = self.token_representation(input_ids.flatten(0, 1), options).view(*input_ids.shape[:2], -1)
             return embedded * mask[..., None]
-        words, inverse = torch.unique(input_ids[mask], dim=0, return_inverse=True)
+        words, inverse = unique_rows(input_ids[mask])
         needs_grad = torch.is_grad_enabled() and self.char_embedding.weight.requires_grad
         if inference_cache is not None and not needs_grad:
             embedded = inference_cache.token_representations(

@@ -458,22 +458,47 @@ def test_char_cnn_is_the_papers_convolution_max_pool_and_activation(activation):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-def test_char_cnn_skips_padding_positions_without_changing_values_or_gradients():
-    """Positions after the longest word of a chunk are all padding: the max-pool reads one of them, not all 50."""
+def test_unique_rows_gives_each_distinct_word_once_and_where_each_row_went():
+    from hf_elmo.kernels import unique_rows
+
+    ids = torch.tensor([[3, 1, 261], [2, 7, 261], [3, 1, 261], [3, 1, 262], [2, 7, 261], [-1, 300, 0]])
+    rows, inverse = unique_rows(ids)
+    assert torch.equal(rows[inverse], ids)
+    assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, torch.unique(ids, dim=0).tolist()))
+    assert inverse.dtype == torch.int64 and inverse.shape == (6,)
+    rows, inverse = unique_rows(ids[:0])
+    assert rows.shape == (0, 3) and inverse.shape == (0,)
+
+
+@pytest.mark.parametrize("chunk", [1024, 4])
+def test_char_cnn_reads_words_in_groups_of_similar_length_without_changing_values_or_gradients(chunk):
+    """Positions after a word's last character are all padding: the max-pool reads one of them, not all 50; and
+    words run in groups of similar length, so a short word is not padded to the longest word of the batch."""
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).train()
-    words = ["a", "bank", "x" * 60]  # the last word fills all 50 positions
-    for chunk in (words[:2], words):
-        char_ids = ElmoCharTokenizer()([chunk], is_split_into_words=True, add_special_tokens=False,
-                                       return_tensors="pt")["input_ids"][0]
-        cnn = model.char_cnn
-        assert cnn._used_positions(char_ids) == (50 if len(chunk) == 3 else len("bank") + 2 + cnn.widest_filter)
-        trimmed = cnn.embed_words(char_ids, model.kernel_options)
-        (trimmed_grad,) = torch.autograd.grad(trimmed.square().sum(), cnn.char_embedding.weight)
-        full = cnn.token_representation(char_ids, model.kernel_options)  # every position
-        (full_grad,) = torch.autograd.grad(full.square().sum(), cnn.char_embedding.weight)
-        assert (trimmed - full).abs().max() <= 1e-6
-        assert (trimmed_grad - full_grad).abs().max() <= 1e-6
+    cnn = model.char_cnn
+    words = ["x" * 60, "a", "bank", "of", "rivers", "bank", "y" * 9, "b", "the", "z" * 30]  # "x" * 60 fills all 50
+    char_ids = ElmoCharTokenizer()([words], is_split_into_words=True, add_special_tokens=False,
+                                   return_tensors="pt")["input_ids"][0]
+    used = [min(50, len(word) + 2 + cnn.widest_filter) for word in words]  # the word, its markers, one window
+    assert cnn._used_positions(char_ids).tolist() == used
+    calls = []
+    hook = cnn.char_embedding.register_forward_hook(lambda module, args, output: calls.append(args[0]))
+    trimmed = cnn.embed_words(char_ids, ElmoKernelOptions(char_cnn_chunk=chunk))
+    hook.remove()
+    # Each call reads up to its longest word; with chunks of 4, groups close at every longer word (chunk // 32 = 0).
+    assert all(call.shape[1] == int(cnn._used_positions(call).max()) for call in calls)
+    if chunk == 4:
+        assert [call.shape for call in calls] == [(2, used[1]), (1, used[3]), (1, used[8]),  # a, b | of | the
+                                                  (2, used[2]), (1, used[4]), (1, used[6]),  # bank x2 | rivers | y*9
+                                                  (1, used[9]), (1, 50)]  # z*30 | x*60
+    else:
+        assert [call.shape for call in calls] == [(len(words), 50)]
+    (trimmed_grad,) = torch.autograd.grad(trimmed.square().sum(), cnn.char_embedding.weight)
+    full = cnn.token_representation(char_ids, model.kernel_options)  # every position, in the words' order
+    (full_grad,) = torch.autograd.grad(full.square().sum(), cnn.char_embedding.weight)
+    assert (trimmed - full).abs().max() <= 1e-6
+    assert (trimmed_grad - full_grad).abs().max() <= 1e-6
 
 
 def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(tokenizer):
@@ -656,9 +681,13 @@ def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_kee
         for layer, reference in zip(got, expected, strict=True):
             assert layer.shape == reference.shape and (layer - reference).abs().max() <= 1e-5
     # Eager calls still take the oneDNN linear path (and the char CNN's distinct-word path) after the export.
+    words = []  # rows of character ids through the char CNN
+    hook = model.char_cnn.char_embedding.register_forward_hook(lambda module, args, output: words.append(len(args[0])))
     with _OpsCalled() as called, torch.no_grad():
         model(**first)
-    assert "aten._unique2" in called.ops or "aten.unique_dim" in called.ops, called.ops
+    hook.remove()
+    distinct = {tuple(word) for word in first["input_ids"][first["attention_mask"].bool()].tolist()}
+    assert sum(words) == len(distinct) < first["attention_mask"].numel()
     if onednn_available():
         assert "mkldnn._linear_pointwise" in called.ops, called.ops
 
