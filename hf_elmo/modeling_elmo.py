@@ -161,9 +161,11 @@ class ElmoCharCNN(nn.Module):
         """
         if not len(char_ids):
             return self.char_embedding.weight.new_zeros(0, self.output_dim)
-        used, order = self._used_positions(char_ids).sort(stable=True)
-        char_ids, used = char_ids[order], used.tolist()
-        chunk, representations = options.char_cnn_chunk, []
+        chunk, used = options.char_cnn_chunk, self._used_positions(char_ids)
+        if len(char_ids) <= chunk // 32:  # one group (e.g. one sentence): nothing to sort
+            return self.token_representation(char_ids[:, : int(used.max())], options)
+        used, order = used.sort(stable=True)
+        char_ids, used, representations = char_ids[order], used.tolist(), []
         for chunk_start in range(0, len(used), chunk):
             chunk_end, start, pooled = min(chunk_start + chunk, len(used)), chunk_start, []
             for end in range(chunk_start + 1, chunk_end + 1):
