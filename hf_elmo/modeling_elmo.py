@@ -165,12 +165,15 @@ class ElmoCharCNN(nn.Module):
         if len(char_ids) <= chunk // 32:  # one group (e.g. one sentence): nothing to sort
             return self.token_representation(char_ids[:, : int(used.max())], options)
         used, order = used.sort(stable=True)
-        char_ids, used, representations = char_ids[order], used.tolist(), []
+        char_ids, representations = char_ids[order], []
         for chunk_start in range(0, len(used), chunk):
-            chunk_end, start, pooled = min(chunk_start + chunk, len(used)), chunk_start, []
-            for end in range(chunk_start + 1, chunk_end + 1):
-                if end == chunk_end or (used[end] > used[end - 1] and end - start >= chunk // 32):
-                    pooled.append(self._pooled(char_ids[start:end, : used[end - 1]], options))
+            # Runs of words of one length, in increasing length (a few dozen at most, whatever the chunk size).
+            widths, counts = torch.unique_consecutive(used[chunk_start : chunk_start + chunk], return_counts=True)
+            start, end, pooled = chunk_start, chunk_start, []
+            for run, (width, count) in enumerate(zip(widths.tolist(), counts.tolist())):
+                end += count
+                if end - start >= chunk // 32 or run == len(widths) - 1:
+                    pooled.append(self._pooled(char_ids[start:end, :width], options))
                     start = end
             representations.append(self._highway_projection(torch.cat(pooled), options))
         return torch.cat(representations)[order.argsort()]
