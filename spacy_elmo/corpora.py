@@ -20,6 +20,8 @@ from spacy.vocab import Vocab
 
 SST5_LABELS = ("very_negative", "negative", "neutral", "positive", "very_positive")
 SST2_LABELS = ("negative", "positive")
+# SST-5 label -> SST-2 label; neutral (2) has none.
+SST5_TO_SST2 = {0: 0, 1: 0, 3: 1, 4: 1}
 
 
 def read_conll2003(path: str | Path, vocab: Vocab, n_sents: int = 10) -> Iterator[Doc]:
@@ -81,16 +83,24 @@ def read_sst5(path: str | Path, vocab: Vocab, phrases: bool = False) -> Iterator
     with that node's label: what the paper's SST-5 models train on. A phrase met again is skipped, so every word
     sequence is one Doc. Words are split as in the TSV files, so a tree's root gives the Doc of its TSV line.
     """
+    if not _is_trees(path, phrases):
+        return _labelled_sentences(path, vocab, SST5_LABELS, "\t")
+    return _tree_docs(path, vocab, phrases, SST5_LABELS, dict(enumerate(range(len(SST5_LABELS)))))
+
+
+def _is_trees(path: str | Path, phrases: bool) -> bool:
+    """Whether `path` is a trees file (its first character is '('); phrases are only in trees."""
     with open(path, encoding="utf-8") as file:
         trees = file.read(1).startswith("(")
-    if not trees:
-        if phrases:
-            raise ValueError(f"{path}: phrases need the trees file (sst5/trees/train.txt), not a TSV")
-        return _labelled_sentences(path, vocab, SST5_LABELS, "\t")
-    return _tree_docs(path, vocab, phrases)
+    if phrases and not trees:
+        raise ValueError(f"{path}: phrases need the trees file (sst5/trees/train.txt), not a label-sentence file")
+    return trees
 
 
-def _tree_docs(path: str | Path, vocab: Vocab, phrases: bool) -> Iterator[Doc]:
+def _tree_docs(path: str | Path, vocab: Vocab, phrases: bool, labels: tuple[str, ...],
+               relabel: dict[int, int]) -> Iterator[Doc]:
+    """Docs of the roots (or, with `phrases`, of every distinct phrase) of a trees file whose SST-5 label is a key of
+    `relabel`, each labelled `labels[relabel[label]]`."""
     seen: set[tuple[str, ...]] = set()
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -101,9 +111,9 @@ def _tree_docs(path: str | Path, vocab: Vocab, phrases: bool) -> Iterator[Doc]:
             except ValueError as error:
                 raise ValueError(f"{path}:{number}: {error}") from None
             for label, words in nodes if phrases else nodes[-1:]:
-                if not phrases or words not in seen:  # sentences are kept as they come, repeats too
+                if label in relabel and (not phrases or words not in seen):  # sentences kept as they come, repeats too
                     seen.add(words)
-                    yield _labelled_doc(vocab, list(words), SST5_LABELS, label)
+                    yield _labelled_doc(vocab, list(words), labels, relabel[label])
 
 
 def _tree_nodes(line: str) -> list[tuple[int, tuple[str, ...]]]:
@@ -139,9 +149,14 @@ def _tree_nodes(line: str) -> list[tuple[int, tuple[str, ...]]]:
     return nodes
 
 
-def read_sst2(path: str | Path, vocab: Vocab) -> Iterator[Doc]:
-    """One Doc per line of an SST-2 file (`label sentence`, e.g. `stsa.binary.train`), gold tokens, one-hot `cats`."""
-    return _labelled_sentences(path, vocab, SST2_LABELS, " ")
+def read_sst2(path: str | Path, vocab: Vocab, phrases: bool = False) -> Iterator[Doc]:
+    """One Doc per line of an SST-2 file (`label sentence`, e.g. `stsa.binary.train`, lowercased), gold tokens,
+    one-hot `cats`; or SST-2 from SST-5's trees (cased), as GLUE builds it: very negative and negative become
+    negative, positive and very positive positive, neutral sentences (with `phrases`, neutral phrases) are left out.
+    `phrases` needs the trees: one Doc per distinct non-neutral phrase, the usual SST-2 training set."""
+    if not _is_trees(path, phrases):
+        return _labelled_sentences(path, vocab, SST2_LABELS, " ")
+    return _tree_docs(path, vocab, phrases, SST2_LABELS, SST5_TO_SST2)
 
 
 def _labelled_sentences(path: str | Path, vocab: Vocab, labels: tuple[str, ...], separator: str) -> Iterator[Doc]:

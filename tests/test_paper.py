@@ -10,7 +10,7 @@ from spacy_fixtures import DATA, REPO, run_python
 
 
 def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
-    require(DATA / "sst2" / "stsa.binary.train")
+    require(DATA / "sst5" / "trees" / "train.txt")
     run = REPO / "benchmarks" / "paper" / "run.py"
     run_python(run, "--quick", "--tasks", "sst2", "--threads", "1", "--out", tmp_path, timeout=1200)
     experiments = ["results", "layers", "placement", "efficiency", "weights", "probe", "neighbours"]
@@ -38,7 +38,8 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     # another budget trains them again.
     runs = json.loads((tmp_path / "runs.json").read_text())
     keys = ("sst2/without/seed0/1", "sst2/with/seed0/1")
-    assert all(runs[key]["settings"]["train_data"] == "sst2/stsa.binary.train" for key in keys)  # what it learnt from
+    learnt_from = "sst5/trees/train.txt phrases=True"
+    assert all(runs[key]["settings"]["train_data"] == learnt_from for key in keys)
     again = run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1",
                        "--out", tmp_path / "again", "--reuse", tmp_path, timeout=600)
     assert all(f"{key}: {100 * runs[key]['score']:.2f} from {runs[key]['path']}" in again for key in keys)
@@ -63,7 +64,7 @@ def test_each_task_trains_for_its_own_budget_unless_max_steps_sets_one():
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
     full = run.parse_args([])
-    assert {task: run.max_steps(full, task) for task in run.TASKS} == {"ner": 1500, "sst5": 6000, "sst2": 2000}
+    assert {task: run.max_steps(full, task) for task in run.TASKS} == {"ner": 1500, "sst5": 6000, "sst2": 4000}
     fixed = run.parse_args(["--max-steps", "7"])
     assert {run.max_steps(fixed, task) for task in run.TASKS} == {7}
     assert {run.max_steps(run.parse_args(["--quick"]), task) for task in run.TASKS} == {6}
