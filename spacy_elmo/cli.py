@@ -154,12 +154,17 @@ def convert_sst5_command(
 
 @app.command("convert-sst2")
 def convert_sst2_command(
-    input_path: Annotated[Path, typer.Argument(help="SST-2 file (label sentence): stsa.binary.train", exists=True)],
+    input_path: Annotated[Path, typer.Argument(
+        help="SST-2 file (label sentence: stsa.binary.train) or SST-5 trees file (sst5/trees/train.txt)", exists=True)],
     output: DocBinOutput,
+    phrases: Annotated[bool, typer.Option(
+        "--phrases", help="one Doc per distinct non-neutral phrase of the SST-5 trees (the usual SST-2 training data)"
+    )] = False,
     limit: Limit = None,
 ) -> None:
-    """Convert SST-2 sentences to a .spacy file with exclusive `cats` (negative, positive)."""
-    _convert(read_sst2, input_path, output, limit)
+    """Convert SST-2 sentences (or, from SST-5's trees, non-neutral phrases) to a .spacy file with exclusive `cats`
+    (negative, positive)."""
+    _convert(partial(read_sst2, phrases=phrases), input_path, output, limit)
 
 
 def _convert(reader, input_path: Path, output: Path, limit: int | None) -> None:

@@ -88,6 +88,29 @@ def test_sst5_trees_give_the_tsv_sentences_or_every_distinct_phrase(tmp_path):
         read_sst5(tsv, Vocab(), phrases=True)
 
 
+def test_sst2_from_sst5_trees_is_the_stsa_binary_data_cased_or_its_non_neutral_phrases(tmp_path):
+    trees, stsa = require(DATA / "sst5" / "trees" / "dev.txt"), require(DATA / "sst2" / "stsa.binary.dev")
+    label = lambda doc: max(doc.cats, key=doc.cats.get)  # noqa: E731
+    # The same 872 dev sentences and labels as stsa.binary.dev, which is lowercased.
+    cased = {doc.text: label(doc) for doc in read_sst2(trees, Vocab())}
+    assert {text.lower(): value for text, value in cased.items()} == {
+        doc.text: label(doc) for doc in read_sst2(stsa, Vocab())}
+    assert len(cased) == 872 and any(text != text.lower() for text in cased)
+
+    small = tmp_path / "trees.txt"
+    small.write_text("(3 (2 The) (4 (3 good) (2 film)))\n(2 (2 A) (2 film))\n(0 (2 The) (1 (1 bad) (2 film)))\n")
+    assert [(d.text, label(d)) for d in read_sst2(small, Vocab())] == [
+        ("The good film", "positive"), ("The bad film", "negative")]  # the neutral sentence left out
+    assert [(d.text, label(d)) for d in read_sst2(small, Vocab(), phrases=True)] == [
+        ("good", "positive"), ("good film", "positive"), ("The good film", "positive"), ("bad", "negative"),
+        ("bad film", "negative"), ("The bad film", "negative")]
+    assert all(sorted(d.cats) == sorted(SST2_LABELS) for d in read_sst2(small, Vocab(), phrases=True))
+    with pytest.raises(ValueError, match="phrases need the trees file"):
+        read_sst2(stsa, Vocab(), phrases=True)
+    result = CliRunner().invoke(app, ["convert-sst2", str(small), str(tmp_path / "out.spacy"), "--phrases"])
+    assert result.exit_code == 0 and "wrote 6 docs" in result.output
+
+
 def test_convert_sst5_writes_phrases_and_reports_a_bad_file_in_one_line(tmp_path):
     trees = tmp_path / "trees.txt"
     trees.write_text("(3 (2 The) (4 (3 good) (2 film)))\n")
