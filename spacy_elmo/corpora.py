@@ -85,7 +85,7 @@ def read_sst5(path: str | Path, vocab: Vocab, phrases: bool = False) -> Iterator
     """
     if not _is_trees(path, phrases):
         return _labelled_sentences(path, vocab, SST5_LABELS, "\t")
-    return _tree_docs(path, vocab, phrases, SST5_LABELS, dict(enumerate(range(len(SST5_LABELS)))))
+    return _tree_docs(path, vocab, phrases, SST5_LABELS, {i: i for i in range(len(SST5_LABELS))})
 
 
 def _is_trees(path: str | Path, phrases: bool) -> bool:
