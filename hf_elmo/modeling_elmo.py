@@ -162,7 +162,8 @@ class ElmoCharCNN(nn.Module):
         if not len(char_ids):
             return self.char_embedding.weight.new_zeros(0, self.output_dim)
         chunk, used = options.char_cnn_chunk, self._used_positions(char_ids)
-        if len(char_ids) <= chunk // 32:  # one group (e.g. one sentence): nothing to sort
+        group = chunk // 32  # the words a group holds before it may close
+        if len(char_ids) <= group:  # one group (e.g. one sentence): nothing to sort
             return self.token_representation(char_ids[:, : int(used.max())], options)
         used, order = used.sort(stable=True)
         char_ids, representations = char_ids[order], []
@@ -172,7 +173,7 @@ class ElmoCharCNN(nn.Module):
             start, end, pooled = chunk_start, chunk_start, []
             for run, (width, count) in enumerate(zip(widths.tolist(), counts.tolist())):
                 end += count
-                if end - start >= chunk // 32 or run == len(widths) - 1:
+                if end - start >= group or run == len(widths) - 1:
                     pooled.append(self._pooled(char_ids[start:end, :width], options))
                     start = end
             representations.append(self._highway_projection(torch.cat(pooled), options))
