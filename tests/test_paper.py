@@ -35,14 +35,14 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     for figure in ("efficiency.png", "weights.png"):
         assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG"
 
-    # Runs are recorded as they finish and not trained again with the same settings (here: from another --out; the
-    # frozen biLM's cache is not a setting); another budget trains them again, with the cache asked for.
+    # Runs are recorded as they finish and not trained again with the same settings (here: from another --out);
+    # another budget trains them again, and so does another frozen-biLM cache the runs with ELMo.
     runs = json.loads((tmp_path / "runs.json").read_text())
     keys = ("sst2/without/seed0/1", "sst2/with/seed0/1")
     learnt_from = "sst5/trees/train.txt phrases=True"
     assert all(runs[key]["settings"]["train_data"] == learnt_from for key in keys)
     again = run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1",
-                       "--frozen-cache-mb", "64", "--out", tmp_path / "again", "--reuse", tmp_path, timeout=600)
+                       "--out", tmp_path / "again", "--reuse", tmp_path, timeout=600)
     assert all(f"{key}: {100 * runs[key]['score']:.2f} from {runs[key]['path']}" in again for key in keys)
     assert json.loads((tmp_path / "again" / "runs.json").read_text()) == {key: runs[key] for key in keys}
     run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1", "--max-steps", "7",
@@ -51,7 +51,13 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     assert set(longer) == set(keys) and all(longer[key]["settings"]["max_steps"] == 7 for key in keys)
     assert all(longer[key]["path"].startswith(str(tmp_path / "longer")) for key in keys)
     trained = (Path(longer["sst2/with/seed0/1"]["path"]) / "model-last" / "config.cfg").read_text()
-    assert "\nfrozen_cache_mb = 64\n" in trained
+    assert "\nfrozen_cache_mb = 64\n" in trained and longer["sst2/with/seed0/1"]["settings"]["frozen_cache_mb"] == 64
+    assert "frozen_cache_mb" not in longer["sst2/without/seed0/1"]["settings"]
+    run_python(run, "--quick", "--only", "results", "--tasks", "sst2", "--threads", "1", "--max-steps", "7",
+               "--out", tmp_path / "cache", "--reuse", tmp_path / "longer", timeout=600)
+    cache = json.loads((tmp_path / "cache" / "runs.json").read_text())
+    assert cache["sst2/without/seed0/1"] == longer["sst2/without/seed0/1"]
+    assert cache["sst2/with/seed0/1"]["path"].startswith(str(tmp_path / "cache"))
     # A run is reused only with the same config: a shipped config that changes trains its runs again.
     with_config = tmp_path / "runs" / "sst2-with-seed0-1" / "config.cfg"
     with_config.write_text(with_config.read_text().replace("l2 = 0.001", "l2 = 0.002"))

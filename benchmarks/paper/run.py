@@ -123,10 +123,15 @@ class Runner:
     def settings(self, task: str, elmo: bool) -> dict:
         """What a run's score depends on besides its task, variant, seed and share of the training set."""
         args, spec = self.args, TASKS[task]
-        return {"train_data": " ".join([spec.train_file, *(f"{k}={v}" for k, v in spec.train_options.items())]),
-                "max_steps": max_steps(args, task), "eval_frequency": args.eval_frequency,
-                "train_docs": args.train_docs, "dev_docs": args.dev_docs,
-                "device": "gpu" if args.gpu_id >= 0 else "cpu", "model": self.fingerprint if elmo else None}
+        settings = {"train_data": " ".join([spec.train_file, *(f"{k}={v}" for k, v in spec.train_options.items())]),
+                    "max_steps": max_steps(args, task), "eval_frequency": args.eval_frequency,
+                    "train_docs": args.train_docs, "dev_docs": args.dev_docs,
+                    "device": "gpu" if args.gpu_id >= 0 else "cpu", "model": self.fingerprint if elmo else None}
+        if elmo and args.frozen_cache_mb is not None:
+            # A Doc's layers vary with its batch at float32 rounding (up to ~1e-5), so which Docs come from the cache
+            # moves the training run a little: a run with another cache is another run.
+            settings["frozen_cache_mb"] = args.frozen_cache_mb
+        return settings
 
     def save(self) -> None:
         path = self.out / "runs.json"
@@ -175,9 +180,8 @@ class Runner:
             "training.logger": {"@loggers": "spacy.ConsoleLogger.v3", "progress_bar": None, "console_output": False,
                                 "output_file": str(output / "log.jsonl")},
         }
-        if elmo != "none" and self.args.frozen_cache_mb is not None:
-            # Not a setting of the run: the cache gives the biLM's own layers, so the score does not depend on it.
-            overrides["components.elmo.frozen_cache_mb"] = self.args.frozen_cache_mb
+        if "frozen_cache_mb" in settings:
+            overrides["components.elmo.frozen_cache_mb"] = settings["frozen_cache_mb"]
         start = time.perf_counter()
         spacy_train(config_path, output, use_gpu=self.args.gpu_id, overrides=overrides)
         meta = json.loads((output / "model-best" / "meta.json").read_text())
@@ -389,8 +393,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--neighbour-sentences", type=int, help="default 2000 (--quick 30)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--frozen-cache-mb", type=int,
-                        help="MB of the frozen biLM's layers kept for later epochs (the config's: 2048; SST-5's "
-                             "phrases need about 7,000 to run the biLM over them once)")
+                        help="MB of the frozen biLM's layers kept for later epochs (default: the config's 2048; "
+                             "SST-5's phrases need about 7,000 to run the biLM over them once)")
     parser.add_argument("--gpu-id", type=int, default=-1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--reuse", nargs="+", type=Path, default=[],
