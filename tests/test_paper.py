@@ -36,7 +36,7 @@ def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
         assert (tmp_path / figure).read_bytes()[:4] == b"\x89PNG"
 
     # Runs are recorded as they finish and not trained again with the same settings (here: from another --out);
-    # another budget trains them again, and so does another frozen-biLM cache the runs with ELMo.
+    # another budget trains them again, and another frozen-biLM cache (--frozen-cache-mb) the runs with ELMo.
     runs = json.loads((tmp_path / "runs.json").read_text())
     keys = ("sst2/without/seed0/1", "sst2/with/seed0/1")
     learnt_from = "sst5/trees/train.txt phrases=True"
