@@ -394,7 +394,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--frozen-cache-mb", type=int,
                         help="MB of the frozen biLM's layers kept for later epochs (default: the config's 2048; "
-                             "SST-5's phrases need about 7,000 to run the biLM over them once)")
+                             "SST-5's phrases need about 6,700 to run the biLM over them once)")
     parser.add_argument("--gpu-id", type=int, default=-1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--reuse", nargs="+", type=Path, default=[],
