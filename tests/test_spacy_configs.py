@@ -122,8 +122,14 @@ def test_init_config_places_elmo_where_asked(fixture_bilm, task, placement, n_li
     docs = list(nlp.pipe(["Peter Blackburn flew to London .", "A second text ."]))
     features = model.get_ref("tok2vec").predict(docs)  # ner: one array of all tokens; textcat: one per Doc
     assert (len(features) if task == "ner" else sum(len(x) for x in features)) == 10
-    losses = nlp.update(examples)
+    settings = config.interpolate()
+    losses = nlp.update(examples, drop=settings["training"]["dropout"])  # the rate `spacy train` passes
     assert losses[task] > 0 and ("elmo" not in losses or losses["elmo"] == 0.0)
+    # spaCy sets every Dropout layer to [training] dropout: the ELMo dropout a config states is the one it trains with
+    encoder = settings["components"][task]["model"]["tok2vec"]
+    stated = {encoder[name]["dropout"] for name in ("elmo", "elmo_output") if name in encoder}
+    rates = {node.attrs["dropout_rate"] for node in model.walk() if node.name == "dropout"}
+    assert rates == {settings["training"]["dropout"]} and stated <= rates and len(stated) == (placement != "none")
 
 
 def test_the_ner_mix_starts_at_the_top_layer_for_any_layer_count(tmp_path):
