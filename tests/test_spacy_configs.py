@@ -6,14 +6,20 @@ label."""
 
 from __future__ import annotations
 
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+
 import pytest
 import spacy
 from elmo_fixtures import require
 from spacy.pipeline import Sentencizer
 from spacy.training import Example
+from spacy.util import registry
 from spacy_fixtures import DATA, convert_fixture
 from thinc.api import Config
 
+import spacy_elmo
 from spacy_elmo.cli import make_config
 from spacy_elmo.corpora import read_conll2003, read_sst5
 from spacy_elmo.layers import ElmoListener
@@ -149,3 +155,18 @@ def test_the_ner_mix_starts_at_the_top_layer_for_any_layer_count(tmp_path):
                                                     ["elmo"]["mix"]}))["x"]
     mix.initialize()
     assert mix.get_param("s").tolist() == pytest.approx([-2.0, -2.0 / 3, 2.0 / 3, 2.0])
+
+
+def test_every_registered_function_is_declared_as_an_entry_point():
+    """spaCy finds a plugin's functions through its entry points: a name without one fails (E893) in a config that
+    names nothing else of the package (`spacy-elmo.TextCatReduce.v1` on a spaCy tok2vec did), unless something has
+    imported the module that registers it. Every `@registry.<kind>("spacy-elmo. ...")` is declared, and its entry
+    point loads the registered function."""
+    source = "\n".join(path.read_text(encoding="utf-8") for path in Path(spacy_elmo.__file__).parent.rglob("*.py"))
+    registered = sorted(set(re.findall(r'@registry\.(\w+)\("(spacy-elmo\.[^"]+)"\)', source)))
+    assert ("architectures", "spacy-elmo.TextCatReduce.v1") in registered and len(registered) >= 12
+    groups = {f"spacy_{kind}" for kind, _ in registered}
+    declared = {(group, point.name): point for group in groups for point in entry_points(group=group)}
+    for kind, name in registered:
+        assert (f"spacy_{kind}", name) in declared, f"{name} has no spacy_{kind} entry point (setup.cfg)"
+        assert declared[f"spacy_{kind}", name].load() is registry.get(kind, name)
