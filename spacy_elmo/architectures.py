@@ -4,11 +4,35 @@ change meaning: a new behaviour is a new version."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
-from spacy.ml.models.textcat import build_reduce_text_classifier
+from spacy.errors import Errors
+from spacy.ml.models.textcat import NEG_VALUE, build_reduce_text_classifier, resize_and_set_ref
 from spacy.tokens import Doc
 from spacy.util import SimpleFrozenDict, registry
-from thinc.api import Dropout, Linear, Model, PyTorchLSTM, chain, concatenate, with_array, with_padded
+from thinc.api import (
+    Dropout,
+    LayerNorm,
+    Linear,
+    Logistic,
+    Maxout,
+    Model,
+    ParametricAttention,
+    PyTorchLSTM,
+    Softmax,
+    chain,
+    concatenate,
+    list2ragged,
+    reduce_first,
+    reduce_last,
+    reduce_max,
+    reduce_mean,
+    reduce_sum,
+    resizable,
+    with_array,
+    with_padded,
+)
+from thinc.layers.resizable import resize_linear_weighted
 from thinc.types import Floats2d, Floats3d
 
 from hf_elmo import DEFAULT_MODEL_NAME
@@ -177,6 +201,52 @@ def textcat_reduce_v1(
         use_reduce_mean, nO,
     )
     model.set_ref("tok2vec", tok2vec)  # the token vectors themselves, as in spaCy's
+    return model
+
+
+@registry.architectures("spacy-elmo.TextCatReduce.v2")
+def textcat_reduce_v2(
+    tok2vec: Model[list[Doc], list[Floats2d]],
+    exclusive_classes: bool,
+    use_reduce_first: bool,
+    use_reduce_last: bool,
+    use_reduce_max: bool,
+    use_reduce_mean: bool,
+    use_reduce_attention: bool = False,
+    maxout_width: int | None = None,
+    nO: int | None = None,
+) -> Model[list[Doc], Floats2d]:
+    """`spacy-elmo.TextCatReduce.v1` with the rest of the pooling and output network of the paper's SST-5 model
+    (the biattentive classification network): self-attentive pooling, and a maxout layer between the pooled
+    vector and the output layer. A Doc without tokens pools one zero row, as in v1.
+
+    use_reduce_attention (bool): also pool by attention, the tokens' vectors weighted by the softmax of their dot
+        products with a learned query (Thinc's `ParametricAttention`).
+    maxout_width (int or None): a maxout layer of this width (3 pieces), layer-normalised, with dropout (at
+        `[training] dropout`, which spaCy gives every Dropout layer); null goes straight to the output layer (v1).
+    tok2vec, exclusive_classes, use_reduce_first, use_reduce_last, use_reduce_max, use_reduce_mean, nO: as in
+        `spacy.TextCatReduce.v1`.
+    """
+    uses = {reduce_first: use_reduce_first, reduce_last: use_reduce_last, reduce_max: use_reduce_max,
+            reduce_mean: use_reduce_mean}
+    reductions = [reduction() for reduction, use in uses.items() if use]
+    if use_reduce_attention:
+        reductions.append(chain(ParametricAttention(), reduce_sum()))
+    if not reductions:
+        raise ValueError(Errors.E1057)
+    layers = [at_least_one_row(tok2vec), list2ragged(), concatenate(*reductions)]
+    if maxout_width:
+        layers += [Maxout(nO=maxout_width, nP=3), LayerNorm(nI=maxout_width), Dropout(0.0)]
+    output_layer = Softmax(nO=nO) if exclusive_classes else Linear(nO=nO)
+    fill_defaults = {"b": NEG_VALUE if exclusive_classes else 0, "W": 0}  # a new label starts out never chosen
+    resizable_layer = resizable(output_layer, resize_layer=partial(resize_linear_weighted, fill_defaults=fill_defaults))
+    model = chain(*layers, resizable_layer, *([] if exclusive_classes else [Logistic()]))
+    model.set_ref("output_layer", output_layer)
+    model.set_ref("tok2vec", tok2vec)
+    model.attrs["resize_output"] = partial(resize_and_set_ref, resizable_layer=resizable_layer)
+    model.attrs["multi_label"] = not exclusive_classes
+    if nO is not None:
+        model.set_dim("nO", nO)
     return model
 
 

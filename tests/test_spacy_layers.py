@@ -180,14 +180,16 @@ def test_listener_uses_the_batch_it_was_sent_and_scales_the_gradient():
         node.begin_update([Doc(vocab, words=["other"])])
 
 
+TINY_TOK2VEC = {"@architectures": "spacy.HashEmbedCNN.v2", "width": 8, "depth": 1, "embed_size": 100, "window_size": 1,
+                "maxout_pieces": 2, "subword_features": False, "pretrained_vectors": None}
+
+
 def test_textcat_reduce_pools_an_empty_text_by_max_first_and_last_where_spacys_raises():
     nlp = spacy.blank("en")
     docs = [nlp("a gorgeous , witty movie"), nlp(""), nlp("dull")]
-    tok2vec = {"@architectures": "spacy.HashEmbedCNN.v2", "width": 8, "depth": 1, "embed_size": 100,
-               "window_size": 1, "maxout_pieces": 2, "subword_features": False, "pretrained_vectors": None}
     models = []
     for name in ("spacy.TextCatReduce.v1", "spacy-elmo.TextCatReduce.v1"):
-        config = {"@architectures": name, "tok2vec": tok2vec, "exclusive_classes": True, "nO": 3,
+        config = {"@architectures": name, "tok2vec": TINY_TOK2VEC, "exclusive_classes": True, "nO": 3,
                   "use_reduce_first": True, "use_reduce_last": True, "use_reduce_max": True, "use_reduce_mean": True}
         models.append(registry.resolve(Config({"model": config}))["model"])
         models[-1].initialize(X=docs[:1])
@@ -214,6 +216,62 @@ def test_textcat_reduce_pools_an_empty_text_by_max_first_and_last_where_spacys_r
     assert len(tok2vec_grads[0]) == len(tok2vec_grads[1]) and any(np.abs(g).max() > 0 for _, g in tok2vec_grads[0])
     for (name, expected), (_, grad) in zip(*tok2vec_grads):
         np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+
+def textcat_model(name="spacy-elmo.TextCatReduce.v2", exclusive_classes=True, **settings):
+    """A textcat model on a tiny hash-embedding tok2vec: 3 labels, max and mean pooling, `settings` on top."""
+    config = {"@architectures": name, "tok2vec": TINY_TOK2VEC, "nO": 3, "exclusive_classes": exclusive_classes,
+              "use_reduce_first": False, "use_reduce_last": False, "use_reduce_max": True, "use_reduce_mean": True,
+              **settings}
+    return registry.resolve(Config({"model": config}))["model"]
+
+
+def test_textcat_reduce_v2_without_attention_or_maxout_is_v1():
+    nlp = spacy.blank("en")
+    docs = [nlp("a gorgeous , witty movie"), nlp(""), nlp("dull")]
+    v1 = textcat_model("spacy-elmo.TextCatReduce.v1", use_reduce_first=True)
+    ours = textcat_model(use_reduce_first=True, use_reduce_attention=False, maxout_width=None)
+    for model in (v1, ours):
+        model.initialize(X=docs[:1])
+    output = v1.get_ref("output_layer")  # zero-initialised: set so that the scores depend on the pooling
+    output.set_param("W", np.random.default_rng(0).normal(size=output.get_param("W").shape).astype("float32"))
+    with_params = [[node for node in model.walk(order="dfs_pre") if node.param_names] for model in (v1, ours)]
+    for v1_node, node in zip(*with_params, strict=True):
+        assert v1_node.name == node.name
+        for name in v1_node.param_names:
+            node.set_param(name, v1_node.get_param(name))
+    scores = ours.predict(docs)
+    np.testing.assert_allclose(scores, v1.predict(docs), rtol=1e-6)
+    assert len(set(map(tuple, scores.round(6)))) == 3
+
+
+@pytest.mark.parametrize("exclusive_classes", [True, False])
+def test_textcat_reduce_v2_pools_max_mean_and_attention_into_a_maxout_layer(exclusive_classes):
+    nlp = spacy.blank("en")
+    docs = [nlp("a gorgeous , witty movie"), nlp(""), nlp("dull")]
+    model = textcat_model(exclusive_classes=exclusive_classes, use_reduce_attention=True, maxout_width=16)
+    model.initialize(X=docs[:1])
+    attention = next(node for node in model.walk() if node.name == "para-attn")
+    attention.set_param("Q", np.zeros_like(attention.get_param("Q")))  # equal weights: attention pools the mean
+    output = model.get_ref("output_layer")
+    output.set_param("W", np.random.default_rng(0).normal(size=output.get_param("W").shape).astype("float32"))
+    scores = model.predict(docs)
+    vectors = model.get_ref("tok2vec").predict(docs)
+    pooled = np.stack([np.concatenate([v.max(0), v.mean(0), v.mean(0)]) if len(v) else np.zeros(24, "float32")
+                       for v in vectors])
+    tail = model.layers[3:]  # maxout, layer norm, dropout, the output layer (and the logistic)
+    assert [layer.name for layer in tail][:3] == ["maxout", "layernorm", "dropout"]
+    expected = pooled
+    for layer in tail:
+        expected = layer.predict(expected)
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-7)
+    assert scores.shape == (3, 3) and np.isfinite(scores).all() and len(set(map(tuple, scores.round(6)))) == 3
+    np.testing.assert_allclose(scores.sum(1) if exclusive_classes else 0, 1 if exclusive_classes else 0, rtol=1e-5)
+    resized = model.attrs["resize_output"](model, 4)  # a label added after training: never chosen (softmax)
+    new_scores = resized.predict(docs)
+    np.testing.assert_allclose(new_scores[:, :3], scores, rtol=1e-4, atol=1e-6)
+    assert np.abs(new_scores[:, 3]).max() < 1e-6 if exclusive_classes else np.allclose(new_scores[:, 3], 0.5)
 
 
 def test_span_getters_cut_long_spans_into_windows():
