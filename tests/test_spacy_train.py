@@ -48,6 +48,7 @@ OVERRIDES = {
         "components.textcat.model.tok2vec.elmo_output.project_to": 32,
         "components.textcat.model.tok2vec.embed.width": 16,
         "components.textcat.model.tok2vec.width": 32,
+        "components.textcat.model.maxout_width": 16,
         "training.batcher.size.start": 5000,  # the whole slice in every batch
         "training.batcher.size.stop": 5000,
         "training.optimizer.learn_rate": 0.02,
