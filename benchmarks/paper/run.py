@@ -384,8 +384,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="default", help="the biLM: 'default', a directory or a Hub id")
     parser.add_argument("--seeds", nargs="+", type=int, help="default: 0 1 2 (--quick: 0)")
     parser.add_argument("--max-steps", type=int,
-                        help="steps per run (default per task: ner 1500, sst5 4400, sst2 4000, sst2-sentences 2000; "
-                             "--quick 6)")
+                        help="steps per run (default per task: "
+                             + ", ".join(f"{name} {task.max_steps}" for name, task in TASKS.items()) + "; --quick 6)")
     parser.add_argument("--eval-frequency", type=int, help="default 200 (--quick 3)")
     parser.add_argument("--train-docs", type=int, help="training Docs per task (default all; --quick 12)")
     parser.add_argument("--dev-docs", type=int, help="dev Docs per task (default all; --quick 8)")
