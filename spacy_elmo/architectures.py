@@ -37,7 +37,7 @@ from thinc.types import Floats2d, Floats3d
 
 from hf_elmo import DEFAULT_MODEL_NAME
 
-from .layers import ElmoListener, at_least_one_row, build_bilm, scalar_mix, standalone_bilm
+from .layers import ElmoListener, at_least_one_row, biattentive_encoder, build_bilm, scalar_mix, standalone_bilm
 
 NO_SETTINGS = SimpleFrozenDict()
 
@@ -167,17 +167,39 @@ def tok2vec_with_elmo_v1(
     elmo (Model or None): an ELMo listener (`spacy-elmo.ElmoListener.v1`, with dropout) at the input.
     elmo_output (Model or None): an ELMo listener at the output.
     """
-    for listener, position in ((elmo, "input"), (elmo_output, "output")):
-        for node in listener.walk() if listener is not None else ():
-            if node.name == "elmo_scalar_mix":
-                node.attrs["position"] = position  # read by `spacy_elmo.mix_weights`
-    inputs = embed if elmo is None else concatenate(embed, elmo)
-    input_width = sum(output_width(layer) for layer in (embed, elmo) if layer is not None)
-    model = chain(inputs, with_padded(PyTorchLSTM(width, input_width, bi=True, depth=depth, dropout=dropout)))
-    if elmo_output is not None:
-        model = concatenate(model, elmo_output)
-    model.set_dim("nO", width + (output_width(elmo_output) if elmo_output is not None else 0), force=True)
-    return model
+
+    def bilstm(input_width: int) -> Model[list[Floats2d], list[Floats2d]]:
+        return with_padded(PyTorchLSTM(width, input_width, bi=True, depth=depth, dropout=dropout))
+
+    return _encoder_with_elmo(embed, bilstm, width, elmo, elmo_output)
+
+
+@registry.architectures("spacy-elmo.BiattentiveEncoder.v1")
+def biattentive_encoder_v1(
+    embed: Model[list[Doc], list[Floats2d]],
+    width: int,
+    feedforward_width: int,
+    dropout: float = 0.0,
+    elmo: Model[list[Doc], list[Floats2d]] | None = None,
+    elmo_output: Model[list[Doc], list[Floats2d]] | None = None,
+) -> Model[list[Doc], list[Floats2d]]:
+    """The encoder of the paper's SST-5 model, the biattentive classification network (McCann et al. 2017):
+    `[x_k; ELMo_k]` -> ReLU feedforward -> biLSTM -> each text attending to itself -> integrating biLSTM ->
+    `[h_k; ELMo_k]` with `elmo_output` (ELMo at the integrator's output, as in the paper's BCN). The same slots as
+    `spacy-elmo.Tok2VecWithElmo.v1`, for `spacy-elmo.TextCatReduce.v2`'s pooling and maxout layer.
+
+    embed (Model): the task's own context-independent features, e.g. `spacy.MultiHashEmbed.v2`.
+    width (int): the output width of both biLSTMs (both directions; even).
+    feedforward_width (int): the ReLU feedforward's width.
+    dropout (float): dropout after the feedforward (a fixed rate, not `[training] dropout`).
+    elmo (Model or None): an ELMo listener (`spacy-elmo.ElmoListener.v1`) at the input.
+    elmo_output (Model or None): an ELMo listener at the integrator's output.
+    """
+
+    def encoder(input_width: int) -> Model[list[Floats2d], list[Floats2d]]:
+        return with_padded(biattentive_encoder(input_width, width, feedforward_width, dropout))
+
+    return _encoder_with_elmo(embed, encoder, width, elmo, elmo_output)
 
 
 @registry.architectures("spacy-elmo.TextCatReduce.v1")
@@ -278,4 +300,26 @@ def _mixed(
         steps.append(with_array(Linear(project_to, width)))
     model = chain(*steps)
     model.set_dim("nO", project_to or width, force=True)
+    return model
+
+
+def _encoder_with_elmo(
+    embed: Model[list[Doc], list[Floats2d]],
+    encoder: Callable[[int], Model[list[Floats2d], list[Floats2d]]],
+    width: int,
+    elmo: Model[list[Doc], list[Floats2d]] | None,
+    elmo_output: Model[list[Doc], list[Floats2d]] | None,
+) -> Model[list[Doc], list[Floats2d]]:
+    """`[x_k; ELMo_k]` -> encoder(its input width), of output width `width` -> `[h_k; ELMo_k]`, each ELMo optional;
+    marks each mix with its position (read by `spacy_elmo.mix_weights`)."""
+    for listener, position in ((elmo, "input"), (elmo_output, "output")):
+        for node in listener.walk() if listener is not None else ():
+            if node.name == "elmo_scalar_mix":
+                node.attrs["position"] = position
+    inputs = embed if elmo is None else concatenate(embed, elmo)
+    input_width = sum(output_width(layer) for layer in (embed, elmo) if layer is not None)
+    model = chain(inputs, encoder(input_width))
+    if elmo_output is not None:
+        model = concatenate(model, elmo_output)
+    model.set_dim("nO", width + (output_width(elmo_output) if elmo_output is not None else 0), force=True)
     return model

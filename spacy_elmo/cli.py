@@ -26,6 +26,13 @@ TASKS = ("ner", "textcat")
 # Where the task model takes ELMo (the paper's Table 3): at its input, at the input and the output of its biLSTM,
 # or nowhere (the same task model without ELMo, for with/without comparisons).
 ELMO_PLACEMENTS = ("input", "input+output", "none")
+# The task encoder (the `tok2vec` of the task model): the shipped configs' biLSTM, or the paper's SST-5 encoder, the
+# biattentive classification network (BCN: biLSTM, self-attention, integrating biLSTM; text classification only).
+ENCODERS = {
+    "bilstm": None,
+    "bcn": {"@architectures": "spacy-elmo.BiattentiveEncoder.v1", "width": 256, "feedforward_width": 256,
+            "dropout": 0.25},
+}
 
 app = typer.Typer(
     name="spacy_elmo", help="ELMo for spaCy: training configs and corpus converters.", no_args_is_help=True
@@ -34,6 +41,11 @@ Task = Annotated[str, typer.Argument(help="ner or textcat")]
 ConfigOutput = Annotated[Path, typer.Argument(help="config file to write", dir_okay=False)]
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="converted biLM (directory or Hub id) to train with")
+]
+EncoderOption = Annotated[
+    str | None,
+    typer.Option("--encoder", help="the task encoder: bilstm (the shipped configs') or bcn (textcat only: the "
+                 "paper's SST-5 model, a biattentive classification network)"),
 ]
 ElmoOption = Annotated[
     str | None,
@@ -51,12 +63,14 @@ def base_config_path(task: str) -> Path:
     return CONFIGS_DIR / f"{task}.cfg"
 
 
-def make_config(task: str, model: str | None = None, elmo: str | None = None) -> Config:
+def make_config(task: str, model: str | None = None, elmo: str | None = None, encoder: str | None = None) -> Config:
     """The shipped config of `task` (for the `"default"` biLM); with `model` (a biLM directory or Hub id), its path
     and the layer width and count of that biLM (read from its config.json only; a mix's `initial_scalars` spread
     evenly from their first to their last value over that count); with `elmo`, ELMo where it says (see
-    `ELMO_PLACEMENTS`)."""
+    `ELMO_PLACEMENTS`); with `encoder`, that task encoder (see `ENCODERS`)."""
     config = Config().from_disk(base_config_path(task), interpolate=False)
+    if encoder is not None:
+        set_encoder(config, task, encoder)
     if model:
         from hf_elmo import ElmoConfig, model_location
 
@@ -79,8 +93,21 @@ def elmo_mixes(config: Config, task: str) -> list[dict]:
     return [tok2vec[listener]["mix"] for listener in ("elmo", "elmo_output") if listener in tok2vec]
 
 
+def set_encoder(config: Config, task: str, encoder: str) -> None:
+    """Make the task model's encoder `encoder` (one of `ENCODERS`), keeping its features and ELMo listeners."""
+    if encoder not in ENCODERS:
+        raise ValueError(f"unknown encoder {encoder!r}; choose one of {', '.join(ENCODERS)}")
+    if ENCODERS[encoder] is None:
+        return
+    if task != "textcat":
+        raise ValueError(f"the {encoder} encoder is for text classification (textcat), not {task}")
+    tok2vec = config["components"][task]["model"]["tok2vec"]
+    slots = {name: tok2vec[name] for name in ("embed", "elmo", "elmo_output") if name in tok2vec}
+    config["components"][task]["model"]["tok2vec"] = {**ENCODERS[encoder], **slots}
+
+
 def place_elmo(config: Config, task: str, placement: str) -> None:
-    """Make the task's `spacy-elmo.Tok2VecWithElmo.v1` take ELMo at `placement` (one of `ELMO_PLACEMENTS`); "none"
+    """Make the task's encoder take ELMo at `placement` (one of `ELMO_PLACEMENTS`); "none"
     also removes the `elmo` component, its weights and its settings."""
     if placement not in ELMO_PLACEMENTS:
         raise ValueError(f"unknown ELMo placement {placement!r}; choose one of {', '.join(ELMO_PLACEMENTS)}")
@@ -98,9 +125,11 @@ def place_elmo(config: Config, task: str, placement: str) -> None:
         config["nlp"]["pipeline"] = [name for name in config["nlp"]["pipeline"] if name != "elmo"]
 
 
-def write_config(task: str, output: Path, model: str | None = None, elmo: str | None = None) -> Path:
+def write_config(
+    task: str, output: Path, model: str | None = None, elmo: str | None = None, encoder: str | None = None
+) -> Path:
     """Write the config of `task` (see `make_config`) to `output`."""
-    config = make_config(task, model, elmo)
+    config = make_config(task, model, elmo, encoder)
     header = f"# Written by `python -m spacy_elmo init-config {task}`; commented original: {base_config_path(task)}\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(header + config.to_str(), encoding="utf-8")
@@ -109,22 +138,28 @@ def write_config(task: str, output: Path, model: str | None = None, elmo: str | 
 
 @app.command("init-config")
 def init_config_command(
-    task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None
+    task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None,
+    encoder: EncoderOption = None,
 ) -> None:
     """Write a training config for an ELMo NER or text classification pipeline."""
     if task not in TASKS:
         raise typer.BadParameter(f"choose one of {', '.join(TASKS)}", param_hint="TASK")
     if elmo is not None and elmo not in ELMO_PLACEMENTS:
         raise typer.BadParameter(f"choose one of {', '.join(ELMO_PLACEMENTS)}", param_hint="--elmo")
-    typer.echo(f"wrote {write_config(task, output, model, elmo)}")
+    if encoder is not None and encoder not in ENCODERS:
+        raise typer.BadParameter(f"choose one of {', '.join(ENCODERS)}", param_hint="--encoder")
+    if encoder not in (None, "bilstm") and task != "textcat":
+        raise typer.BadParameter(f"the {encoder} encoder is for textcat", param_hint="--encoder")
+    typer.echo(f"wrote {write_config(task, output, model, elmo, encoder)}")
 
 
 @init_cli.command("elmo-config")
 def spacy_init_elmo_config(
-    task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None
+    task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None,
+    encoder: EncoderOption = None,
 ) -> None:
     """Write a training config for an ELMo NER or text classification pipeline (spacy-elmo)."""
-    init_config_command(task, output, model, elmo)
+    init_config_command(task, output, model, elmo, encoder)
 
 
 @app.command("convert-conll2003")

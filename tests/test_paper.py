@@ -73,8 +73,8 @@ def test_each_task_trains_for_its_own_budget_unless_max_steps_sets_one():
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
     full = run.parse_args([])
-    assert {task: run.max_steps(full, task) for task in run.TASKS} == {"ner": 1500, "sst5": 4400, "sst2": 4000,
-                                                                        "sst2-sentences": 2000}
+    assert {task: run.max_steps(full, task) for task in run.TASKS} == {"ner": 1500, "sst5": 4400, "sst5-bcn": 4400,
+                                                                        "sst2": 4000, "sst2-sentences": 2000}
     assert full.tasks == ["ner", "sst5", "sst2"]
     fixed = run.parse_args(["--max-steps", "7"])
     assert {run.max_steps(fixed, task) for task in run.TASKS} == {7}

@@ -18,9 +18,10 @@ from spacy.training import Example
 from spacy.util import registry
 from spacy_fixtures import DATA, convert_fixture
 from thinc.api import Config
+from typer.testing import CliRunner
 
 import spacy_elmo
-from spacy_elmo.cli import make_config
+from spacy_elmo.cli import app, make_config
 from spacy_elmo.corpora import read_conll2003, read_sst5
 from spacy_elmo.layers import ElmoListener
 
@@ -98,12 +99,15 @@ def fixture_bilm(tmp_path_factory):
     return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
 
 
-@pytest.mark.parametrize("task", ["ner", "textcat"])
+@pytest.mark.parametrize("task, encoder", [("ner", None), ("textcat", None), ("textcat", "bcn")])
 @pytest.mark.parametrize("placement, n_listeners", [("input", 1), ("input+output", 2), ("none", 0)])
-def test_init_config_places_elmo_where_asked(fixture_bilm, task, placement, n_listeners):
-    config = make_config(task, str(fixture_bilm), elmo=placement)
+def test_init_config_places_elmo_where_asked(fixture_bilm, task, encoder, placement, n_listeners):
+    config = make_config(task, str(fixture_bilm), elmo=placement, encoder=encoder)
     config["components"][task]["model"]["tok2vec"]["embed"]["width"] = 8
     config["components"][task]["model"]["tok2vec"]["width"] = 16
+    if encoder == "bcn":
+        assert config["components"][task]["model"]["tok2vec"]["@architectures"] == "spacy-elmo.BiattentiveEncoder.v1"
+        config["components"][task]["model"]["tok2vec"]["feedforward_width"] = 8
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
     assert ("elmo" in nlp.pipe_names) == (placement != "none")
     model = nlp.get_pipe(task).model
@@ -136,6 +140,48 @@ def test_init_config_places_elmo_where_asked(fixture_bilm, task, placement, n_li
     stated = {encoder[name]["dropout"] for name in ("elmo", "elmo_output") if name in encoder}
     rates = {node.attrs["dropout_rate"] for node in model.walk() if node.name == "dropout"}
     assert rates == {settings["training"]["dropout"]} and stated <= rates and len(stated) == (placement != "none")
+
+
+def test_a_bcn_pipeline_saves_and_reloads_with_the_same_predictions(fixture_bilm, tmp_path):
+    config = make_config("textcat", str(fixture_bilm), encoder="bcn")
+    for name, width in (("width", 16), ("feedforward_width", 8)):
+        config["components"]["textcat"]["model"]["tok2vec"][name] = width
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    texts = ["A gorgeous , witty , seductive movie .", "Dull .", ""]
+    examples = []
+    for text, label in zip(texts, ("positive", "negative", "negative")):
+        reference = nlp.make_doc(text)
+        reference.cats = {"positive": float(label == "positive"), "negative": float(label == "negative")}
+        examples.append(Example(nlp.make_doc(text), reference))
+    nlp.initialize(lambda: examples)
+    for _ in range(3):
+        nlp.update(examples, drop=0.1)
+    cats = [doc.cats for doc in nlp.pipe(texts)]
+    assert len({round(doc_cats["positive"], 6) for doc_cats in cats}) == 3
+    nlp.to_disk(tmp_path / "bcn")
+    reloaded = spacy.load(tmp_path / "bcn")
+    for doc, expected in zip(reloaded.pipe(texts), cats, strict=True):
+        assert doc.cats == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_init_config_writes_the_bcn_encoder_and_names_what_is_wrong(tmp_path):
+    result = CliRunner().invoke(app, ["init-config", "textcat", str(tmp_path / "bcn.cfg"), "--encoder", "bcn"])
+    assert result.exit_code == 0, result.output
+    written = Config().from_disk(tmp_path / "bcn.cfg", interpolate=False)
+    assert written["components"]["textcat"]["model"]["tok2vec"] == make_config("textcat", encoder="bcn")[
+        "components"]["textcat"]["model"]["tok2vec"]
+    for task, encoder, message in (("ner", "bcn", "the bcn encoder is for textcat"),
+                                   ("textcat", "cnn", "choose one of bilstm, bcn")):
+        result = CliRunner().invoke(app, ["init-config", task, str(tmp_path / "x.cfg"), "--encoder", encoder])
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+
+
+def test_the_bcn_encoder_is_for_text_classification_and_unknown_encoders_are_named():
+    with pytest.raises(ValueError, match="the bcn encoder is for text classification"):
+        make_config("ner", encoder="bcn")
+    with pytest.raises(ValueError, match="unknown encoder 'transformer'; choose one of bilstm, bcn"):
+        make_config("textcat", encoder="transformer")
+    assert make_config("textcat", encoder="bilstm") == make_config("textcat")
 
 
 def test_the_ner_mix_starts_at_the_top_layer_for_any_layer_count(tmp_path):

@@ -15,10 +15,10 @@ from spacy_fixtures import (
     convert_fixture,
     single_threaded_torch,  # noqa: F401 (autouse)
 )
-from thinc.api import Config
+from thinc.api import Config, with_padded
 
 from spacy_elmo.architectures import elmo_bilm_v1, elmo_listener_v1, scalar_mix_v1, scalar_mix_v2, tok2vec_elmo_v1
-from spacy_elmo.layers import ElmoListener, set_bilm_weights
+from spacy_elmo.layers import BiattentiveEncoder, ElmoListener, biattentive_encoder, set_bilm_weights
 from spacy_elmo.span_getters import configure_doc_spans, configure_sent_spans, configure_sentence_spans
 from spacy_elmo.weights import load_pretrained, random_bilm
 
@@ -361,3 +361,43 @@ def test_weight_loaders_give_the_same_biLM(elmo_dir):
     bilm = elmo_bilm_v1(configure_sent_spans(200))
     with pytest.raises(TypeError, match="ElmoModel"):
         set_bilm_weights(bilm, "not a model")
+
+
+def bcn_reference(encoder: BiattentiveEncoder, text: torch.Tensor) -> torch.Tensor:
+    """The BCN encoder written out for one text (n_tokens, n_in), without padding or masks: (n_tokens, width)."""
+    states = encoder.encoder(encoder.feedforward(text[:, None]))[0][:, 0]
+    context = torch.softmax(states @ states.T, dim=-1) @ states
+    return encoder.integrator(torch.cat([states, states - context, states * context], dim=-1)[:, None])[0][:, 0]
+
+
+def test_biattentive_encoder_reads_each_text_alone_and_backpropagates_exactly():
+    torch.manual_seed(0)
+    layer = with_padded(biattentive_encoder(5, 8, 6, dropout=0.0))
+    encoder = layer.layers[0].shims[0]._model
+    rng = np.random.default_rng(0)
+    texts = [rng.normal(size=(n, 5)).astype("float32") for n in (4, 0, 7, 1, 7)]
+    outputs, backprop = layer.begin_update(texts)
+    assert [output.shape for output in outputs] == [(n, 8) for n in (4, 0, 7, 1, 7)]
+    d_outputs = [rng.normal(size=output.shape).astype("float32") for output in outputs]
+    d_texts = backprop(d_outputs)
+    for text, output, d_output, d_text in zip(texts, outputs, d_outputs, d_texts, strict=True):
+        np.testing.assert_allclose(layer.predict([text])[0], output, rtol=1e-5, atol=1e-6)  # alone = in the batch
+        if not len(text):
+            assert d_text.shape == (0, 5)
+            continue
+        inputs = torch.tensor(text, requires_grad=True)
+        expected = bcn_reference(encoder, inputs)
+        np.testing.assert_allclose(output, expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+        (expected * torch.tensor(d_output)).sum().backward()
+        np.testing.assert_allclose(d_text, inputs.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert len({tuple(output[0].round(5)) for output in outputs if len(output)}) == 4  # the texts differ
+
+
+def test_biattentive_encoder_takes_empty_batches_and_texts():
+    layer = with_padded(biattentive_encoder(5, 8, 6, dropout=0.25))
+    for texts in ([], [np.zeros((0, 5), "float32")] * 2):
+        outputs, backprop = layer.begin_update(texts)
+        assert [output.shape for output in outputs] == [(0, 8)] * len(texts)
+        assert [d.shape for d in backprop(outputs)] == [(0, 5)] * len(texts)
+    with pytest.raises(ValueError, match="width must be even"):
+        biattentive_encoder(5, 7, 6, dropout=0.0)

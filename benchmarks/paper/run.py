@@ -57,6 +57,8 @@ class Task(NamedTuple):
     # The reader's options for the training file: SST-5 and SST-2 train on the labelled phrases of the trees (as the
     # paper's SST-5 model did) and are scored on the dev sentences.
     train_options: dict = {}
+    # The task encoder (`spacy_elmo.cli.ENCODERS`); None = the shipped config's.
+    encoder: str | None = None
 
 
 TASKS = {
@@ -64,6 +66,10 @@ TASKS = {
                 1500),
     "sst5": Task("textcat", read_sst5, "sst5/trees/train.txt", "sst5/dev.tsv", "cats_micro_f", "accuracy", 4400,
                  {"phrases": True}),
+    # SST-5 with the paper's SST-5 task model: the biattentive classification network's encoder (ELMo at its input
+    # and at its integrating biLSTM's output) under the shipped classifier's pooling and maxout layer.
+    "sst5-bcn": Task("textcat", read_sst5, "sst5/trees/train.txt", "sst5/dev.tsv", "cats_micro_f", "accuracy", 4400,
+                     {"phrases": True}, "bcn"),
     # SST-2 as GLUE builds it, from SST-5's (cased) trees: the non-neutral phrases, binary labels; the same 872 dev
     # sentences as sst2/stsa.binary.dev (lowercased there).
     "sst2": Task("textcat", read_sst2, "sst5/trees/train.txt", "sst5/trees/dev.txt", "cats_micro_f", "accuracy",
@@ -154,7 +160,7 @@ class Runner:
         """Best dev score of the task's shipped config (ELMo at `elmo`, every mix overridden by `mix`)."""
         key = f"{task}/{name}/seed{seed}/{fraction:g}"
         config_name, score_key = TASKS[task].config, TASKS[task].score_key
-        config = make_config(config_name, self.args.model, elmo)
+        config = make_config(config_name, self.args.model, elmo, TASKS[task].encoder)
         for task_mix in elmo_mixes(config, config_name):
             task_mix.update(mix or {})
         settings = self.settings(task, elmo != "none")

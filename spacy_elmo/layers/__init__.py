@@ -1,14 +1,17 @@
-"""Thinc layers of the ELMo plugin: the biLM, the listener, the scalar mix and pooling help."""
+"""Thinc layers of the ELMo plugin: the biLM, the listener, the scalar mix, pooling help and the BCN encoder."""
 
+from .biattention import BiattentiveEncoder, biattentive_encoder
 from .bilm import ElmoShim, build_bilm, set_bilm_weights, standalone_bilm
 from .listener import ElmoListener, replace_listener, replace_listener_cfg
 from .pooling import at_least_one_row
 from .scalar_mix import scalar_mix
 
 __all__ = [
+    "BiattentiveEncoder",
     "ElmoListener",
     "ElmoShim",
     "at_least_one_row",
+    "biattentive_encoder",
     "build_bilm",
     "replace_listener",
     "replace_listener_cfg",

@@ -1,0 +1,79 @@
+"""The encoder of the biattentive classification network (BCN; McCann et al. 2017), the paper's SST-5 task model:
+a ReLU feedforward, a biLSTM, self-biattention and an integrating biLSTM, on one text at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from thinc.api import ArgsKwargs, Model, PyTorchWrapper_v2, torch2xp, xp2torch
+from thinc.types import Padded
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+class BiattentiveEncoder(torch.nn.Module):
+    """(n_steps, n_texts, n_in) padded texts and their lengths -> (n_steps, n_texts, width) integrated encodings.
+
+    Every text attends to itself (the BCN's two inputs are the same text for classification): with X the biLSTM's
+    states, C = softmax(X X^T) X over the text's own tokens, and the integrating biLSTM reads [X; X - C; X * C].
+    Padding never reaches a real token: both biLSTMs run on packed sequences and attention is masked, so a text's
+    encodings do not depend on its batch.
+    """
+
+    def __init__(self, n_in: int, width: int, feedforward_width: int, dropout: float):
+        super().__init__()
+        if width % 2:
+            raise ValueError(f"BiattentiveEncoder: width must be even (two directions), got {width}")
+        self.feedforward = torch.nn.Sequential(torch.nn.Linear(n_in, feedforward_width), torch.nn.ReLU(),
+                                               torch.nn.Dropout(dropout))
+        self.encoder = torch.nn.LSTM(feedforward_width, width // 2, bidirectional=True)
+        self.integrator = torch.nn.LSTM(3 * width, width // 2, bidirectional=True)
+
+    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        n_steps, n_texts = inputs.shape[:2]
+        if n_steps == 0 or n_texts == 0:  # no texts, or only empty ones
+            # (connected to the inputs, so that a training batch of empty texts backpropagates zeros)
+            return inputs.new_zeros(n_steps, n_texts, 2 * self.integrator.hidden_size) + 0.0 * inputs.sum()
+        lengths = lengths.clamp(min=1)  # an empty text runs as one zero row (dropped again by the caller)
+        states = self._bilstm(self.encoder, self.feedforward(inputs), lengths, n_steps)  # (T, B, width)
+        states = states.transpose(0, 1)  # (B, T, width)
+        padding = torch.arange(n_steps, device=inputs.device)[None, :] >= lengths[:, None].to(inputs.device)
+        affinity = (states @ states.transpose(1, 2)).masked_fill(padding[:, None, :], float("-inf"))
+        context = torch.softmax(affinity, dim=-1) @ states  # (B, T, width)
+        integrator_input = torch.cat([states, states - context, states * context], dim=-1).transpose(0, 1)
+        return self._bilstm(self.integrator, integrator_input, lengths, n_steps)
+
+    @staticmethod
+    def _bilstm(lstm: torch.nn.LSTM, inputs: torch.Tensor, lengths: torch.Tensor, n_steps: int) -> torch.Tensor:
+        """(T, B, n) with lengths sorted longest first -> (T, B, width), zeros after each text's end."""
+        packed = pack_padded_sequence(inputs, lengths.cpu(), enforce_sorted=True)
+        return pad_packed_sequence(lstm(packed)[0], total_length=n_steps)[0]
+
+
+def biattentive_encoder(n_in: int, width: int, feedforward_width: int, dropout: float) -> Model[Padded, Padded]:
+    """`BiattentiveEncoder` as a Thinc layer on `Padded` texts (use inside `with_padded`)."""
+    return PyTorchWrapper_v2(BiattentiveEncoder(n_in, width, feedforward_width, dropout),
+                             convert_inputs=_padded_to_torch, convert_outputs=_torch_to_padded)
+
+
+def _padded_to_torch(model: Model, Xp: Padded, is_train: bool) -> tuple[ArgsKwargs, Callable[[ArgsKwargs], Padded]]:
+    device = model.shims[0].device
+    inputs = ArgsKwargs(args=(xp2torch(Xp.data, requires_grad=is_train, device=device),
+                              xp2torch(Xp.lengths, device=device).long()), kwargs={})
+
+    def backprop(d_inputs: ArgsKwargs) -> Padded:
+        return Padded(torch2xp(d_inputs.args[0]), Xp.size_at_t, Xp.lengths, Xp.indices)
+
+    return inputs, backprop
+
+
+def _torch_to_padded(
+    model: Model, X_Ytorch: tuple[Padded, torch.Tensor], is_train: bool
+) -> tuple[Padded, Callable[[Padded], ArgsKwargs]]:
+    Xp, Ytorch = X_Ytorch
+
+    def backprop(dYp: Padded) -> ArgsKwargs:
+        d_Ytorch = xp2torch(dYp.data, device=Ytorch.device).reshape(Ytorch.shape)  # an empty batch: (0, 0, 0)
+        return ArgsKwargs(args=((Ytorch,),), kwargs={"grad_tensors": (d_Ytorch,)})
+
+    return Padded(torch2xp(Ytorch), Xp.size_at_t, Xp.lengths, Xp.indices), backprop
