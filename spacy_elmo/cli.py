@@ -146,11 +146,11 @@ def init_config_command(
         raise typer.BadParameter(f"choose one of {', '.join(TASKS)}", param_hint="TASK")
     if elmo is not None and elmo not in ELMO_PLACEMENTS:
         raise typer.BadParameter(f"choose one of {', '.join(ELMO_PLACEMENTS)}", param_hint="--elmo")
-    if encoder is not None and encoder not in ENCODERS:
-        raise typer.BadParameter(f"choose one of {', '.join(ENCODERS)}", param_hint="--encoder")
-    if encoder not in (None, "bilstm") and task != "textcat":
-        raise typer.BadParameter(f"the {encoder} encoder is for textcat", param_hint="--encoder")
-    typer.echo(f"wrote {write_config(task, output, model, elmo, encoder)}")
+    try:
+        written = write_config(task, output, model, elmo, encoder)
+    except ValueError as error:  # e.g. an unknown encoder, or one for another task (`set_encoder` says which)
+        raise typer.BadParameter(str(error)) from None
+    typer.echo(f"wrote {written}")
 
 
 @init_cli.command("elmo-config")

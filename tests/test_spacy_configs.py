@@ -170,10 +170,11 @@ def test_init_config_writes_the_bcn_encoder_and_names_what_is_wrong(tmp_path):
     written = Config().from_disk(tmp_path / "bcn.cfg", interpolate=False)
     assert written["components"]["textcat"]["model"]["tok2vec"] == make_config("textcat", encoder="bcn")[
         "components"]["textcat"]["model"]["tok2vec"]
-    for task, encoder, message in (("ner", "bcn", "the bcn encoder is for textcat"),
-                                   ("textcat", "cnn", "choose one of bilstm, bcn")):
+    for task, encoder, message in (("ner", "bcn", "the bcn encoder is for text classification (textcat), not ner"),
+                                   ("textcat", "cnn", "unknown encoder 'cnn'; choose one of bilstm, bcn")):
         result = CliRunner().invoke(app, ["init-config", task, str(tmp_path / "x.cfg"), "--encoder", encoder])
         assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+        assert "Traceback" not in result.output and not (tmp_path / "x.cfg").exists()
 
 
 def test_the_bcn_encoder_is_for_text_classification_and_unknown_encoders_are_named():

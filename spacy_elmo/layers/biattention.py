@@ -30,14 +30,14 @@ class BiattentiveEncoder(torch.nn.Module):
         self.integrator = torch.nn.LSTM(3 * width, width // 2, bidirectional=True)
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """inputs (T, B, n_in), lengths (B,) on the CPU, longest first -> (T, B, width)."""
         n_steps, n_texts = inputs.shape[:2]
         if n_steps == 0 or n_texts == 0:  # no texts, or only empty ones
             # (connected to the inputs, so that a training batch of empty texts backpropagates zeros)
             return inputs.new_zeros(n_steps, n_texts, 2 * self.integrator.hidden_size) + 0.0 * inputs.sum()
         lengths = lengths.clamp(min=1)  # an empty text runs as one zero row (dropped again by the caller)
-        states = self._bilstm(self.encoder, self.feedforward(inputs), lengths, n_steps)  # (T, B, width)
-        states = states.transpose(0, 1)  # (B, T, width)
-        padding = torch.arange(n_steps, device=inputs.device)[None, :] >= lengths[:, None].to(inputs.device)
+        states = self._bilstm(self.encoder, self.feedforward(inputs), lengths, n_steps).transpose(0, 1)  # (B, T, w)
+        padding = (torch.arange(n_steps)[None, :] >= lengths[:, None]).to(inputs.device)  # (B, T)
         affinity = (states @ states.transpose(1, 2)).masked_fill(padding[:, None, :], float("-inf"))
         context = torch.softmax(affinity, dim=-1) @ states  # (B, T, width)
         integrator_input = torch.cat([states, states - context, states * context], dim=-1).transpose(0, 1)
@@ -45,8 +45,8 @@ class BiattentiveEncoder(torch.nn.Module):
 
     @staticmethod
     def _bilstm(lstm: torch.nn.LSTM, inputs: torch.Tensor, lengths: torch.Tensor, n_steps: int) -> torch.Tensor:
-        """(T, B, n) with lengths sorted longest first -> (T, B, width), zeros after each text's end."""
-        packed = pack_padded_sequence(inputs, lengths.cpu(), enforce_sorted=True)
+        """(T, B, n) with CPU lengths sorted longest first -> (T, B, width), zeros after each text's end."""
+        packed = pack_padded_sequence(inputs, lengths, enforce_sorted=True)
         return pad_packed_sequence(lstm(packed)[0], total_length=n_steps)[0]
 
 
@@ -57,9 +57,10 @@ def biattentive_encoder(n_in: int, width: int, feedforward_width: int, dropout: 
 
 
 def _padded_to_torch(model: Model, Xp: Padded, is_train: bool) -> tuple[ArgsKwargs, Callable[[ArgsKwargs], Padded]]:
-    device = model.shims[0].device
-    inputs = ArgsKwargs(args=(xp2torch(Xp.data, requires_grad=is_train, device=device),
-                              xp2torch(Xp.lengths, device=device).long()), kwargs={})
+    # The lengths stay on the CPU, where packing needs them (no device round trip per batch).
+    lengths = torch.from_numpy(model.ops.to_numpy(Xp.lengths).astype("int64"))
+    inputs = ArgsKwargs(args=(xp2torch(Xp.data, requires_grad=is_train, device=model.shims[0].device), lengths),
+                        kwargs={})
 
     def backprop(d_inputs: ArgsKwargs) -> Padded:
         return Padded(torch2xp(d_inputs.args[0]), Xp.size_at_t, Xp.lengths, Xp.indices)
