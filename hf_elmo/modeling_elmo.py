@@ -32,6 +32,7 @@ from .kernels import (
     both_directions,
     fused_lstm,
     linear,
+    packed_linear_weight,
     packed_lstm_weights,
     unique_rows,
 )
@@ -81,10 +82,12 @@ class ElmoBidirectionalLMOutput(ModelOutput):
 
 
 class ElmoLinear(nn.Linear):
-    """`nn.Linear` computed by `kernels.linear`."""
+    """`nn.Linear` computed by `kernels.linear`; in the bf16 mode its weight packed once by `inference_cache`."""
 
-    def forward(self, x: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, options)
+    def forward(
+        self, x: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
+    ) -> torch.Tensor:
+        return linear(x, packed_linear_weight(self.weight, x, inference_cache), self.bias, options)
 
 
 class ElmoHighwayLayer(ElmoLinear):
@@ -102,10 +105,12 @@ class ElmoHighway(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ElmoHighwayLayer(dim, 2 * dim) for _ in range(n_layers))
 
-    def forward(self, x: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
+    ) -> torch.Tensor:
         """(words, F) → (words, F)"""
         for layer in self.layers:
-            transform, carry = layer(x, options).chunk(2, dim=-1)
+            transform, carry = layer(x, options, inference_cache).chunk(2, dim=-1)
             gate = torch.sigmoid(carry)
             x = gate * F.relu(transform) + (1 - gate) * x
         return x
@@ -143,28 +148,35 @@ class ElmoCharCNN(nn.Module):
                                           + conv.bias))
         return torch.cat(pooled, dim=-1)
 
-    def token_representation(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+    def token_representation(
+        self, char_ids: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
+    ) -> torch.Tensor:
         """(words, chars) character ids → (words, projection_dim): the paper's char CNN, highway and projection."""
-        return self._highway_projection(self._pooled(char_ids, options), options)
+        return self._highway_projection(self._pooled(char_ids, options), options, inference_cache)
 
-    def _highway_projection(self, pooled: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+    def _highway_projection(
+        self, pooled: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None
+    ) -> torch.Tensor:
         """(words, n_filters) pooled filters → (words, projection_dim)."""
-        highway = self.highway(pooled, options)
-        return highway if self.projection is None else self.projection(highway, options)
+        highway = self.highway(pooled, options, inference_cache)
+        return highway if self.projection is None else self.projection(highway, options, inference_cache)
 
-    def embed_words(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+    def embed_words(
+        self, char_ids: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
+    ) -> torch.Tensor:
         """(words, chars) character ids → (words, projection_dim), in chunks of `options.char_cnn_chunk` words.
 
         Words are taken shortest first, and the convolutions of a chunk run per group of words of similar length,
         each cut after the character positions its longest word uses: short words do not pay for the long ones.
         A group closes where the length grows once it holds a 32nd of a chunk (fewer, larger matmuls).
+        In the bf16 mode `inference_cache` keeps the highway and projection weights packed in bf16 between calls.
         """
         if not len(char_ids):
             return self.char_embedding.weight.new_zeros(0, self.output_dim)
         chunk, used = options.char_cnn_chunk, self._used_positions(char_ids)
         group = chunk // 32  # the words a group holds before it may close
         if len(char_ids) <= group:  # one group (e.g. one sentence): nothing to sort
-            return self.token_representation(char_ids[:, : int(used.max())], options)
+            return self.token_representation(char_ids[:, : int(used.max())], options, inference_cache)
         used, order = used.sort(stable=True)
         char_ids, representations = char_ids[order], []
         for chunk_start in range(0, len(used), chunk):
@@ -176,7 +188,7 @@ class ElmoCharCNN(nn.Module):
                 if end - start >= group or run == len(widths) - 1:
                     pooled.append(self._pooled(char_ids[start:end, :width], options))
                     start = end
-            representations.append(self._highway_projection(torch.cat(pooled), options))
+            representations.append(self._highway_projection(torch.cat(pooled), options, inference_cache))
         return torch.cat(representations)[order.argsort()]
 
     def _used_positions(self, char_ids: torch.Tensor) -> torch.Tensor:
@@ -211,7 +223,7 @@ class ElmoCharCNN(nn.Module):
         needs_grad = torch.is_grad_enabled() and self.char_embedding.weight.requires_grad
         if inference_cache is not None and not needs_grad:
             embedded = inference_cache.token_representations(
-                words, list(self.parameters()), lambda ids: self.embed_words(ids, options)
+                words, list(self.parameters()), lambda ids: self.embed_words(ids, options, inference_cache)
             )
         else:
             embedded = self.embed_words(words, options)

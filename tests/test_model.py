@@ -525,12 +525,14 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(toke
         return fast
 
     before = both_paths()
-    layer = model.bilstm.layers[0]
-    assert len(cache._packed) == (4 if onednn_available() else 0)  # recurrent + projection weights of 2 layers
+    layer, highway = model.bilstm.layers[0], model.char_cnn.highway.layers[0]
+    packed = [w for lstm in model.bilstm.layers for w in (lstm.recurrent_weight, lstm.projection_weight)]
+    assert {key for key, _ in cache._packed} == ({id(w) for w in packed} if onednn_available() else set())
     with torch.no_grad():
         layer.recurrent_weight.mul_(1.5)  # in place: the packed copy must follow
+        highway.weight.mul_(1.5)
     after = both_paths()
-    assert (after[1] - before[1]).abs().max() > 1e-3
+    assert (after[0] - before[0]).abs().max() > 1e-3 and (after[1] - before[1]).abs().max() > 1e-3
     with torch.no_grad():
         layer.projection_weight.data = layer.projection_weight.data * 0.5  # replaced, as some optimizers do
     both_paths()
@@ -539,10 +541,11 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(toke
     both_paths()
 
 
-def test_bf16_autocast_packs_every_lstm_weight_once_in_bf16_and_stays_close_to_float32(tokenizer):
-    """The opt-in CPU bf16 mode (inference under `torch.autocast("cpu", dtype=torch.bfloat16)`): the input,
-    recurrent and projection weights are packed once in bf16 (autocast would cast them again at every call and
-    step), whatever the float32 matmul choice, and the vectors stay within bf16 rounding of float32."""
+def test_bf16_autocast_packs_the_lstm_and_highway_weights_once_in_bf16_and_stays_close_to_float32(tokenizer):
+    """The opt-in CPU bf16 mode (inference under `torch.autocast("cpu", dtype=torch.bfloat16)`): the LSTM input,
+    recurrent and projection weights and the char CNN's highway and projection weights are packed once in bf16
+    (autocast would cast them again at every call and step), whatever the float32 matmul choice, and the vectors
+    stay within bf16 rounding of float32."""
     from hf_elmo.kernels import onednn_available
 
     torch.manual_seed(0)
@@ -558,7 +561,8 @@ def test_bf16_autocast_packs_every_lstm_weight_once_in_bf16_and_stays_close_to_f
             model.kernel_options = ElmoKernelOptions(onednn=not model.kernel_options.uses_onednn())
             other_float32_choice = model(**encoded).hidden_states
     bf16_entries = [entry for (_, dtype), entry in cache._packed.items() if dtype == torch.bfloat16]
-    assert len(bf16_entries) == (6 if onednn_available() else 0)  # 3 weights of 2 layers, packed once
+    # 3 weights of 2 LSTM layers, the 2 highway layers and the projection, packed once.
+    assert len(bf16_entries) == (9 if onednn_available() else 0)
     assert all(matrix.dtype == torch.bfloat16 for entry in bf16_entries for matrix in entry[2])
     mask = encoded["attention_mask"].bool()
     for a, b, c, reference in zip(packed, again, other_float32_choice, float32):
@@ -578,17 +582,30 @@ def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer)
     for a, b in zip(small_weights.hidden_states, forced_onednn.hidden_states):
         assert (a - b).abs().max() <= 1e-6
     assert small_weights.hidden_states[-1].abs().sum() > 0
-    # Such a call never reads packed weights, so none are made; a batch of several rows packs them.
+    # With a cache such a call reads the step weights transposed to contiguous (2, K, N) copies, which the cache
+    # keeps and remakes after changes; a batch of several rows packs them for oneDNN.
     from hf_elmo.kernels import onednn_available
 
     model.kernel_options = ElmoKernelOptions(onednn=True)
     cache = ElmoInferenceCache()
-    run_with = {"inference_cache": cache}
+    one = tokenizer(SENTENCES[:1], is_split_into_words=True, return_tensors="pt")
+    step_weights = [w for lstm in model.bilstm.layers for w in (lstm.recurrent_weight, lstm.projection_weight)]
     with torch.no_grad():
-        model(**tokenizer(SENTENCES[:1], is_split_into_words=True, return_tensors="pt"), **run_with)
-        assert cache._packed == {}
-        model(**tokenizer(SENTENCES[:2], is_split_into_words=True, padding=True, return_tensors="pt"), **run_with)
-    assert len(cache._packed) == (4 if onednn_available() else 0)
+        without_cache = model(**one).hidden_states
+        with_cache = model(**one, inference_cache=cache).hidden_states
+        transposed = {key[0]: entry[2] for key, entry in cache._packed.items() if key[1] == "transposed"}
+        assert transposed.keys() == {id(w) for w in step_weights}
+        assert all(torch.equal(transposed[id(w)], w.mT) and transposed[id(w)].is_contiguous() for w in step_weights)
+        assert len(cache._packed) == 4
+        model.bilstm.layers[0].recurrent_weight.mul_(1.5)  # in place: the copy must follow
+        changed = model(**one).hidden_states
+        changed_with_cache = model(**one, inference_cache=cache).hidden_states
+        two = tokenizer(SENTENCES[:2], is_split_into_words=True, padding=True, return_tensors="pt")
+        model(**two, inference_cache=cache)
+    for a, b in [*zip(without_cache, with_cache), *zip(changed, changed_with_cache)]:
+        assert (a - b).abs().max() <= 1e-6
+    assert (changed[1] - without_cache[1]).abs().max() > 1e-3
+    assert len(cache._packed) == 4 + (4 if onednn_available() else 0)
 
 
 def _with_empty_row(encoded):
