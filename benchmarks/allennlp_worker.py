@@ -1,10 +1,11 @@
 """Run AllenNLP 2.10.1's ELMo biLM on the inputs `bench_inference.py` prepared; runs in AllenNLP's own virtualenv.
 
-    python allennlp_worker.py WORK_DIR THREADS REPEATS [DEVICE]
+    python allennlp_worker.py WORK_DIR THREADS REPEATS LATENCY_CALLS [DEVICE]
 
 WORK_DIR holds `options.json`, `weights.hdf5`, `batches.npz` (char ids without sentence boundaries, one array per
-batch) and `single.npy` (one sentence); the worker writes `result.json` (seconds per pass over all batches, median
-latency of the single sentence) and `layers.npz` (every layer of the first batch, boundaries included).
+batch) and `single.npy` (one sentence); the worker writes `result.json` (seconds per pass over all batches: median
+of REPEATS; latency of the single sentence: median of LATENCY_CALLS after `LATENCY_WARM_UP` calls) and `layers.npz`
+(every layer of the first batch, boundaries included).
 """
 
 import importlib.machinery
@@ -23,12 +24,14 @@ placeholder = types.ModuleType("torchvision")
 placeholder.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
 sys.modules.setdefault("torchvision", placeholder)
 
+LATENCY_WARM_UP = 5  # untimed single-sentence calls, as in bench_inference.py
+
 from allennlp.modules.elmo import _ElmoBiLm  # noqa: E402
 
 
 def main() -> None:
-    work_dir, threads, repeats = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    device = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
+    work_dir, threads, repeats, latency_calls = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
     torch.set_num_threads(threads)
     bilm = _ElmoBiLm(str(work_dir / "options.json"), str(work_dir / "weights.hdf5")).eval().to(device)
     archive = np.load(work_dir / "batches.npz")
@@ -49,7 +52,9 @@ def main() -> None:
         for batch in batches:  # warm-up
             bilm(batch)
         timings = [seconds(lambda: [bilm(batch) for batch in batches]) for _ in range(repeats)]
-        latencies = [seconds(lambda: bilm(single)) for _ in range(repeats * 4)]
+        for _ in range(LATENCY_WARM_UP):
+            bilm(single)
+        latencies = [seconds(lambda: bilm(single)) for _ in range(latency_calls)]
     result = {"seconds": statistics.median(timings), "latency": statistics.median(latencies)}
     (work_dir / "result.json").write_text(json.dumps(result))
 

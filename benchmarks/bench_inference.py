@@ -6,7 +6,7 @@
 
 For each preset: tokens/s (words; `<S>`/`</S>` not counted) over `--sentences` sentences of `--length` words in
 batches of `--batch-size` (median of `--repeats` passes after a warm-up pass), and the latency of one 20-word
-sentence, under `torch.inference_mode`, with the token cache off (every word through the char CNN, as AllenNLP);
+sentence (median of `--latency-calls` calls after 5 untimed ones, AllenNLP's too), under `torch.inference_mode`, with the token cache off (every word through the char CNN, as AllenNLP);
 then tokens/s with the token cache warm (the same sentences seen before: the best case of repetitive text).
 With `--allennlp-python` (or `$ALLENNLP_PYTHON`), AllenNLP's `_ElmoBiLm` runs the same weights (exported with
 `export_hdf5`) on the same inputs in its own virtualenv (see benchmarks/README.md), and the table adds its figures,
@@ -48,8 +48,12 @@ def random_sentences(n: int, length: int, seed: int = 0) -> list[list[str]]:
     return [[rng.choice(vocab) for _ in range(length)] for _ in range(n)]
 
 
-def median_seconds(function, repeats: int, device: torch.device) -> float:
-    function()  # warm-up
+LATENCY_WARM_UP = 5  # untimed single-sentence calls before the timed ones (the worker has the same)
+
+
+def median_seconds(function, repeats: int, device: torch.device, warm_up: int = 1) -> float:
+    for _ in range(warm_up):
+        function()
     timings = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -61,13 +65,14 @@ def median_seconds(function, repeats: int, device: torch.device) -> float:
 
 
 def run_allennlp(python: str, model_dir: Path, batches: list[dict], single: dict, threads: int, repeats: int,
-                 work_dir: Path, device: torch.device) -> tuple[dict, list[np.ndarray]]:
+                 latency_calls: int, work_dir: Path, device: torch.device) -> tuple[dict, list[np.ndarray]]:
     """AllenNLP's seconds per pass, single-sentence latency and first-batch layers, from its own virtualenv."""
     export_hdf5(model_dir, f"{work_dir}{os.sep}")
     without_boundaries = [b["input_ids"][:, 1:-1].numpy() for b in [*batches, single]]  # equal-length rows
     np.savez(work_dir / "batches.npz", **{str(i): ids for i, ids in enumerate(without_boundaries[:-1])})
     np.save(work_dir / "single.npy", without_boundaries[-1])
-    subprocess.run([python, str(WORKER), str(work_dir), str(threads), str(repeats), str(device)], check=True)
+    subprocess.run([python, str(WORKER), str(work_dir), str(threads), str(repeats), str(latency_calls), str(device)],
+                   check=True)
     layers = np.load(work_dir / "layers.npz")
     return json.loads((work_dir / "result.json").read_text()), [layers[f"arr_{i}"] for i in range(len(layers.files))]
 
@@ -80,6 +85,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--latency-calls", type=int, default=100,
+                        help=f"timed single-sentence calls (median), after {LATENCY_WARM_UP} untimed ones")
     parser.add_argument("--allennlp-python", default=os.environ.get("ALLENNLP_PYTHON"))
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both models on it)")
     parser.add_argument("--bf16", action="store_true", help="run this project's model under bf16 autocast (CPUs "
@@ -133,7 +140,7 @@ def main() -> None:
                 lambda m=model, c=packed_only: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
             )
             latency = median_seconds(lambda m=model, c=packed_only: m(**device_single, inference_cache=c),
-                                     args.repeats * 4, device)
+                                     args.latency_calls, device, warm_up=LATENCY_WARM_UP)
             ours_first = [layer.float().cpu() for layer in model(**device_batches[0]).hidden_states]
             cached_seconds = median_seconds(
                 lambda m=model, c=cached: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
@@ -148,7 +155,8 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as folder:
                 model.save_pretrained(Path(folder) / "model")
                 theirs, their_layers = run_allennlp(args.allennlp_python, Path(folder) / "model", batches, single,
-                                                    args.threads, args.repeats, Path(folder), device)
+                                                    args.threads, args.repeats, args.latency_calls, Path(folder),
+                                                    device)
             difference = max(float(np.abs(a.numpy() - b).max()) for a, b in zip(ours_first, their_layers))
             row += (f" {n_tokens / theirs['seconds']:>14.0f} {theirs['seconds'] / seconds:>6.2f}"
                     f" {theirs['latency'] * 1e3:>11.1f} {theirs['latency'] / latency:>6.2f} {difference:>10.2e}")

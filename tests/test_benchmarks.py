@@ -25,7 +25,8 @@ def test_bench_training_prints_tokens_per_second_and_the_fraction_of_peak_of_its
 
 def test_bench_inference_bf16_prints_its_distance_to_float32():
     output = run_python(REPO / "benchmarks" / "bench_inference.py", "--presets", "small", "--sentences", 2,
-                        "--length", 3, "--batch-size", 2, "--repeats", 1, "--threads", 1, "--bf16")
+                        "--length", 3, "--batch-size", 2, "--repeats", 1, "--latency-calls", 2, "--threads", 1,
+                        "--bf16")
     header, row = output.strip().splitlines()[-2:]
     assert header.split()[-4:] == ["|diff|", "f32", "min", "cos"]
     name, tokens_per_second, latency, cached, difference, cosine = row.split()
@@ -47,3 +48,12 @@ def test_bench_lstm_step_prints_the_weights_read_per_step_and_the_ceiling_they_i
         assert float(gflops) == pytest.approx(2 * int(n) * elements / (float(matmuls) * 1e-6) / 1e9, rel=0.01,
                                               abs=0.06)
         assert float(ceiling) == pytest.approx(int(n) / (2 * float(step) * 1e-6), rel=0.01, abs=0.6)
+
+
+def test_bench_latency_bound_prints_the_latency_with_and_without_the_gate_math():
+    output = run_python(REPO / "benchmarks" / "bench_latency_bound.py", "--presets", "small", "--calls", 2,
+                        "--threads", 1)
+    header, row = output.strip().splitlines()[-2:]
+    assert header.split() == ["preset", "as", "is", "no", "gate", "math"]
+    name, as_is, as_is_25, bound, bound_25 = row.replace("(", " ").replace(")", " ").split()
+    assert name == "small" and all(float(ms) > 0 for ms in (as_is, as_is_25, bound, bound_25))
