@@ -6,8 +6,9 @@
 
 For each preset: tokens/s (words; `<S>`/`</S>` not counted) over `--sentences` sentences of `--length` words in
 batches of `--batch-size` (median of `--repeats` passes after a warm-up pass), and the latency of one 20-word
-sentence (median of `--latency-calls` calls after 5 untimed ones, AllenNLP's too), under `torch.inference_mode`, with the token cache off (every word through the char CNN, as AllenNLP);
-then tokens/s with the token cache warm (the same sentences seen before: the best case of repetitive text).
+sentence (median of `--latency-calls` calls after 5 untimed ones, AllenNLP's too), under `torch.inference_mode`,
+with the token cache off (every word through the char CNN, as AllenNLP); then tokens/s with the token cache warm
+(the same sentences seen before: the best case of repetitive text).
 With `--allennlp-python` (or `$ALLENNLP_PYTHON`), AllenNLP's `_ElmoBiLm` runs the same weights (exported with
 `export_hdf5`) on the same inputs in its own virtualenv (see benchmarks/README.md), and the table adds its figures,
 the ratios (to the cache-off figures), and the max abs difference of all layers of the first batch (both from the

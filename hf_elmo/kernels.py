@@ -418,7 +418,7 @@ class ElmoInferenceCache:
             for weight in weights
         ]
 
-    def _derived(self, weight: torch.Tensor, form: object, make: Callable[[torch.Tensor], object]):
+    def _derived(self, weight: torch.Tensor, form: object, make: Callable[[torch.Tensor], object]) -> object:
         """`make(weight)`, made once per weight and `form` and again when the weight changes."""
         state = _weights_state([weight])
         key = (id(weight), form)
