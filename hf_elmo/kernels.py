@@ -86,7 +86,7 @@ class ElmoKernelOptions:
     def uses_batched_step(self, rows: int, weight: torch.Tensor) -> bool:
         """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both
         directions rather than oneDNN: a single row and at most `single_row_bmm_max_weight` elements per direction."""
-        return rows == 1 and weight[0].numel() <= self.single_row_bmm_max_weight
+        return rows == 1 and weight.shape[1] * weight.shape[2] <= self.single_row_bmm_max_weight  # no tensor op
 
 
 @cache
