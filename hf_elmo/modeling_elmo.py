@@ -827,6 +827,12 @@ class ElmoWithScalarMixes(nn.Module):
             for _ in range(num_output_representations)
         )
 
+    def train(self, mode: bool = True) -> ElmoWithScalarMixes:
+        super().train(mode)
+        if not self.requires_grad:  # a frozen biLM gives the same layers in training as at inference: no dropout
+            self.elmo.eval()
+        return self
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> ElmoRepresentations:
         """(batch, positions, chars) ids with `<S>`/`</S>` rows → `ElmoRepresentations`."""
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):

@@ -105,3 +105,18 @@ def test_frozen_wrapper_keeps_the_bilm_unchanged_under_training():
         optimizer.step()
     assert all(torch.equal(before[k], v) for k, v in elmo.state_dict().items())
     assert not torch.equal(wrapper.scalar_mixes[0].scalar_parameters, torch.zeros(3))
+
+
+def test_a_frozen_bilm_runs_without_dropout_while_its_wrapper_trains():
+    """A fixed biLM gives the same layers in training as at inference (AllenNLP's frozen Elmo has no biLM dropout);
+    fine-tuned (`requires_grad=True`), its dropout is on in training."""
+    torch.manual_seed(0)
+    encoded = ElmoCharTokenizer()(["a b c", "d e"], padding=True, return_tensors="pt")
+    frozen = ElmoWithScalarMixes(ElmoModel(tiny_config(dropout=0.5)), dropout=0.0).train()
+    assert not frozen.elmo.training
+    with torch.no_grad():
+        first, second = (frozen(**encoded).hidden_states for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    tuned = ElmoWithScalarMixes(ElmoModel(tiny_config(dropout=0.5)), requires_grad=True, dropout=0.0).train()
+    assert tuned.elmo.training
+    assert not tuned.eval().elmo.training

@@ -256,3 +256,24 @@ def test_pipe_with_two_processes_never_hangs(elmo_dir, tmp_path, method):
     script = tmp_path / "multiprocessing_pipe.py"
     script.write_text(MULTIPROCESSING_SCRIPT)
     assert f"ok {method}" in run_python(script, method, elmo_dir, timeout=240)
+
+
+def test_threads_sharing_one_pipeline_get_the_single_thread_vectors(elmo_dir):
+    """The biLM's dropout (0.1 in the fixture) must never be on at prediction: a shared module switched back to
+    training mode by one thread would turn it on inside another thread's forward."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nlp = elmo_pipeline(elmo_dir)
+    texts = [f"Sentence {i} has the bank of the river {i % 7} and {'more words ' * (i % 5)}." for i in range(40)]
+    expected = [nlp(text)._.elmo_layers for text in texts]
+    elmo = nlp.get_pipe("elmo").model.shims[0].elmo
+    assert elmo is not None and elmo.config.dropout > 0
+    modes = []  # whether the biLM's dropout was on, at each of its calls
+    hook = elmo.bilstm.dropout.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(lambda text: nlp(text)._.elmo_layers, texts * 5))
+    hook.remove()
+    assert modes and not any(modes)
+    assert not elmo.training
+    for layers, reference in zip(got, expected * 5):
+        np.testing.assert_array_equal(layers, reference)

@@ -180,7 +180,7 @@ def trained(elmo_dir, examples):
     forward = ElmoModel.forward
 
     def counting_forward(self, *args, **kwargs):
-        calls.append(1)
+        calls.append(self.training)  # whether the biLM's dropout is on
         return forward(self, *args, **kwargs)
 
     ElmoModel.forward = counting_forward
@@ -188,6 +188,7 @@ def trained(elmo_dir, examples):
         history = train(nlp, examples, 12)
     finally:
         ElmoModel.forward = forward
+    assert not any(calls)  # a frozen biLM never runs with dropout on
     return nlp, history, len(calls)
 
 

@@ -74,10 +74,15 @@ class ElmoShim(PyTorchShim):
         return self._mixed_precision and self.device.type == "cpu"
 
     def predict(self, inputs: ArgsKwargs) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self._cpu_bf16), warnings.catch_warnings():
-            # Thinc's predict asks for CUDA autocast, which torch declines with a warning on a CPU.
-            warnings.filterwarnings("ignore", message="CUDA is not available or torch_xla is imported")
-            return super().predict(inputs)
+        """The biLM's outputs without gradient, in eval mode (no dropout). Unlike Thinc's `predict`, the module is
+        never switched back to training mode afterwards: threads share it, and one thread's switch would turn
+        dropout on inside another's forward. Fine-tuning (`begin_update`) switches it to training mode itself."""
+        if self._model.training:
+            self._model.eval()
+        device = self.device.type
+        dtype = torch.bfloat16 if device == "cpu" else torch.float16
+        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=self._mixed_precision):
+            return self._model(*inputs.args, **inputs.kwargs)
 
     def finish_update(self, optimizer) -> None:
         if self._model is None:
