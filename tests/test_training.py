@@ -35,6 +35,7 @@ from hf_elmo.training import (
     Segment,
     WordVocabulary,
     build_vocabulary,
+    checkpointing,
     encode_batch,
     evaluate_model,
     group_by_length,
@@ -322,26 +323,57 @@ def test_sampled_softmax_loss_and_gradients_equal_the_plain_autograd_formula(mon
 def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(torch.nn.Linear(2, 2))
+    optimizer = torch.optim.Adam(model.parameters(), betas=(0.8, 0.9))
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    objects = {"model": model, "optimizer": optimizer}
     for step in (1, 2, 3):
-        save_checkpoint(accelerator, tmp_path, step, {"step": step}, keep=2)
+        save_checkpoint(accelerator, tmp_path, step, {"step": step}, objects, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
 
-    def crash(directory: str) -> None:  # killed half-way through writing
-        Path(directory).mkdir()
-        Path(directory, "model.safetensors").write_bytes(b"garbage")
+    def crash(state, path: Path) -> None:  # killed half-way through writing
+        path.write_bytes(b"garbage")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(accelerator, "save_state", crash)
+    monkeypatch.setattr(checkpointing, "save_state", crash)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(accelerator, tmp_path, 4, {"step": 4}, keep=2)
+        save_checkpoint(accelerator, tmp_path, 4, {"step": 4}, objects, keep=2)
     assert latest_checkpoint(tmp_path).name == "checkpoint-3"
     monkeypatch.undo()
+    expected_weight, expected_optimizer = model.weight.detach().clone(), optimizer.state_dict()
     with torch.no_grad():
         model.weight.zero_()
-    assert load_checkpoint(accelerator, latest_checkpoint(tmp_path)) == {"step": 3}
-    assert model.weight.abs().sum() > 0
+    fresh = torch.optim.Adam(model.parameters())
+    assert load_checkpoint(accelerator, latest_checkpoint(tmp_path), {"model": model, "optimizer": fresh}) == {
+        "step": 3}
+    assert torch.equal(model.weight, expected_weight)
+    restored = fresh.state_dict()
+    assert restored["param_groups"] == expected_optimizer["param_groups"]  # betas stay a tuple
+    for index, state in expected_optimizer["state"].items():
+        assert all(torch.equal(state[key], restored["state"][index][key]) for key in state)
     remove_partial_checkpoints(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_checkpoint_states_round_trip_without_pickles_and_restore_every_random_generator(tmp_path):
+    import random
+
+    import numpy as np
+
+    state = {"a": torch.arange(3.0), 1: (torch.ones(2, dtype=torch.uint8), None, 2.5, float("inf")),
+             "n": np.arange(4, dtype=np.uint32), "nested": [{"x": "y"}, True]}
+    checkpointing.save_state(state, tmp_path / "state.safetensors")
+    assert b"pickle" not in (tmp_path / "state.safetensors").read_bytes()
+    loaded = checkpointing.load_state(tmp_path / "state.safetensors")
+    assert loaded.keys() == state.keys() and torch.equal(loaded["a"], state["a"])
+    assert isinstance(loaded[1], tuple) and torch.equal(loaded[1][0], state[1][0]) and loaded[1][1:] == (None, 2.5,
+                                                                                                          math.inf)
+    assert loaded["n"].dtype == np.uint32 and loaded["n"].tolist() == [0, 1, 2, 3]
+    assert loaded["nested"] == [{"x": "y"}, True]
+    checkpointing.save_state(checkpointing.random_states(), tmp_path / "random.safetensors")
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    checkpointing.set_random_states(checkpointing.load_state(tmp_path / "random.safetensors"))
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
 
 
 # -- training end to end -----------------------------------------------------------------------------------------
@@ -588,21 +620,41 @@ def test_resume_after_sigkill_continues_exactly(tmp_path):
     logs = [[json.loads(line) for line in (d / "training_log.jsonl").read_text().splitlines()]
             for d in (tmp_path / "reference", killed_dir)]
     assert [r["step"] for r in logs[1]] == [r["step"] for r in logs[0]] and len(logs[0]) >= 3
-    # Losses are means since the previous record: equal once a window lies wholly after the resumed step.
-    after = [[r["loss"] for r in log if r["step"] >= steps[-1] + 3] for log in logs]
+    # Losses are means since the previous record: the log window is saved with the checkpoint, so the records of
+    # the resumed run (the first one included, whose window began before the checkpoint) equal the reference's.
+    after = [[r["loss"] for r in log if r["step"] > steps[-1]] for log in logs]
     assert after[0] and after[1] == after[0]
 
 
-def test_resume_refuses_a_checkpoint_whose_random_state_cannot_be_restored(tmp_path, one_thread):
+def test_resume_refuses_damaged_and_pickled_checkpoints_in_one_line(tmp_path, one_thread):
+    """A damaged file of a checkpoint is named; the pickled states of an earlier version are never unpickled."""
+    import pickle
+
     args = toy_args(tmp_path, "--num_sampled", "8", "--batch_tokens", "60", "--save_steps", "2", "--max_steps", "4")
     assert runner.invoke(app, ["pretrain", *args]).exit_code == 0
     reset_accelerate()
     checkpoint = latest_checkpoint(tmp_path / "out" / "checkpoints")
-    (checkpoint / "random_states_0.pkl").write_bytes(b"damaged")
-    result = runner.invoke(app, ["pretrain", *args[:-2], "--max_steps", "6", "--resume"])
+    resume = ["pretrain", *args[:-2], "--max_steps", "6", "--resume"]
+    for name in ("random_state_0.safetensors", "model.safetensors", "optimizer.safetensors"):
+        original = (checkpoint / name).read_bytes()
+        (checkpoint / name).write_bytes(original[: len(original) // 2])  # truncated
+        result = runner.invoke(app, resume)
+        reset_accelerate()
+        assert result.exit_code == 1, result.output
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+        assert f"{checkpoint / name} cannot be read" in result.stderr and "damaged" in result.stderr
+        (checkpoint / name).write_bytes(original)
+
+    class RunsCode:  # what a malicious checkpoint could hold: unpickling it would run `touch`
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'pwned'}",)
+
+    (checkpoint / "random_state_0.safetensors").unlink()
+    (checkpoint / "random_states_0.pkl").write_bytes(pickle.dumps(RunsCode()))
+    result = runner.invoke(app, resume)
     reset_accelerate()
-    assert result.exit_code == 1, result.output
-    assert "the random state of process 0 cannot be read" in result.stderr and "exactly" in result.stderr
+    assert result.exit_code == 1 and not (tmp_path / "pwned").exists()
+    assert "random_states_0.pkl" in result.stderr and "never loaded" in result.stderr
 
 
 def test_two_processes_read_their_own_part_and_keep_their_weights_in_sync(tmp_path):

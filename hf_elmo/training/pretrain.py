@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -310,15 +311,19 @@ class Pretraining:
 
         # Progress: optimizer steps, the data position, and this process's counts of sequences and targets (words
         # + one </S> per line); since the last log, forward CE, backward CE and targets.
-        state = {"step": 0, "position": [0, 0, 0], "tokens": 0, "sequences": 0, "world_size": accelerator.num_processes}
+        # The log window (sums since the last log record and the training seconds they took) is saved with the
+        # checkpoints, so that a resumed run logs the records an uninterrupted one would.
+        state = {"step": 0, "position": [0, 0, 0], "tokens": 0, "sequences": 0, "world_size": accelerator.num_processes,
+                 "window": [0.0, 0.0, 0.0], "window_seconds": 0.0}
         if checkpoint is not None:
-            state = load_checkpoint(accelerator, checkpoint)
+            state = {**state, **load_checkpoint(accelerator, checkpoint, self._checkpointed())}
             if state["world_size"] != accelerator.num_processes:
                 raise ValueError(f"{checkpoint} was written by {state['world_size']} processes; resume with as many")
             logger.info(f"Resuming from {checkpoint} (step {state['step']})", main_process_only=True)
         self.step, self.position, self.last_saved = state["step"], DataPosition(*state["position"]), state["step"]
         self.sequences, self.tokens = state["sequences"], state["tokens"]
-        self.window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+        self.window = torch.tensor(state["window"], dtype=torch.float64, device=accelerator.device)
+        self.window_seconds = state["window_seconds"]
         self.log_file = self.output_dir / "training_log.jsonl"
         if accelerator.is_main_process and self.log_file.is_file():  # records after the checkpoint are written again
             keep = [line for line in self.log_file.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -331,6 +336,14 @@ class Pretraining:
                     f"{len(self.train_files)} training files, processes: {accelerator.num_processes} on "
                     f"{accelerator.device}")
         self.progress: tqdm | None = None
+
+    def _checkpointed(self) -> dict[str, Any]:
+        """What a checkpoint saves besides the random and per-process states."""
+        objects = {"model": self.accelerator.unwrap_model(self.objective), "optimizer": self.optimizer,
+                   "scheduler": self.scheduler}
+        if self.accelerator.scaler is not None:
+            objects["scaler"] = self.accelerator.scaler
+        return objects
 
     def _batches(self, files: list[str], shuffle: bool) -> LMBatches:
         args = self.args
@@ -349,7 +362,7 @@ class Pretraining:
         args, accelerator = self.args, self.accelerator
         self.progress = tqdm(total=args.max_steps, initial=self.step, disable=not accelerator.is_local_main_process,
                              desc="elmo pretrain", unit="step")
-        self.window_start = time.perf_counter()
+        self.window_start = time.perf_counter() - self.window_seconds
         self.objective.train()
         for epoch in range(self.position.epoch, args.num_train_epochs):
             if self.finished:
@@ -452,8 +465,10 @@ class Pretraining:
     def _save(self) -> None:
         position = self.position
         state = {"step": self.step, "position": [position.epoch, position.block, position.batch],
-                 "tokens": self.tokens, "sequences": self.sequences, "world_size": self.accelerator.num_processes}
-        save_checkpoint(self.accelerator, self.checkpoint_dir, self.step, state, keep=self.args.save_total_limit)
+                 "tokens": self.tokens, "sequences": self.sequences, "world_size": self.accelerator.num_processes,
+                 "window": self.window.tolist(), "window_seconds": time.perf_counter() - self.window_start}
+        save_checkpoint(self.accelerator, self.checkpoint_dir, self.step, state, self._checkpointed(),
+                        keep=self.args.save_total_limit)
         self.last_saved = self.step
 
     def _all_processes_have(self, batch: dict | None) -> bool:
