@@ -1,7 +1,5 @@
 """ELMo biLM as a Hugging Face model: config, character tokenizer, models, and Auto* registration."""
 
-from pathlib import Path
-
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -13,6 +11,7 @@ from transformers import (
 
 from .configuration_elmo import PRESETS, ElmoConfig
 from .kernels import ElmoInferenceCache, ElmoKernelOptions
+from .loading import DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelLoadError, load_model, load_tokenizer, model_location
 from .modeling_elmo import (
     ElmoBidirectionalLMOutput,
     ElmoForBidirectionalLM,
@@ -39,17 +38,6 @@ AutoTokenizer.register(ElmoConfig, tokenizer_class=ElmoCharTokenizer, exist_ok=T
 
 __version__ = "0.1.0"
 
-# The English biLM shipped inside the package (see its README.md): a save_pretrained directory for
-# `AutoModel.from_pretrained(DEFAULT_MODEL)` / `AutoTokenizer.from_pretrained(DEFAULT_MODEL)`, offline.
-DEFAULT_MODEL = str(Path(__file__).parent / "default_model")
-DEFAULT_MODEL_NAME = "default"
-
-
-def model_location(name: str | Path) -> str:
-    """What `from_pretrained` should load for a model name: `DEFAULT_MODEL` for `"default"` (the name the CLI and
-    the spaCy component accept for the shipped model), else `name` (a directory or Hub id) unchanged."""
-    return DEFAULT_MODEL if str(name) == DEFAULT_MODEL_NAME else str(name)
-
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_MODEL_NAME",
@@ -69,7 +57,10 @@ __all__ = [
     "ElmoScalarMix",
     "ElmoState",
     "ElmoWithScalarMixes",
-    "remove_sentence_boundaries",
+    "ModelLoadError",
+    "load_model",
+    "load_tokenizer",
     "model_location",
+    "remove_sentence_boundaries",
     "split_words",
 ]

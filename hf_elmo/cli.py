@@ -8,6 +8,7 @@ bad options) end with a one-line `Error: ...` on stderr and exit code 1 (2 for u
 from __future__ import annotations
 
 import json
+import math
 import os
 from datetime import timedelta
 from enum import Enum
@@ -16,11 +17,9 @@ from typing import Annotated, NoReturn
 
 import torch
 import typer
-from safetensors import SafetensorError
-from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
-from . import DEFAULT_MODEL_NAME, hub, model_location
+from . import DEFAULT_MODEL_NAME, hub, loading
 from . import convert as legacy
 from .configuration_elmo import ElmoConfig
 from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, bound_onednn_caches, embed_file, embed_file_in_parts
@@ -34,10 +33,6 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-
-# What loading a model directory raises for a bad one: missing/unreadable files, invalid config values, weights
-# that do not fit config.json (transformers' RuntimeError after its load report), corrupt safetensors.
-LOAD_ERRORS = (OSError, ValueError, RuntimeError, SafetensorError)
 
 MODEL_HELP = "A save_pretrained directory, a Hub model id, or `default` (the English model shipped with the package)."
 
@@ -66,41 +61,78 @@ def main(
     hf_logging.disable_progress_bar()  # loading bars of transformers would clutter the output
 
 
+# Where Linux tells how many tasks run now, and the cgroup's CPU quota (v2, then v1).
+PROC_LOADAVG = Path("/proc/loadavg")
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def default_threads() -> int:
+    """CPU threads for torch unless `--threads` (or OMP_NUM_THREADS) says: the cores this process may use (its CPU
+    affinity, its cgroup's CPU quota, at most torch's own default) that no other process is running on now, at least
+    1. More threads than free cores make torch's OpenMP threads spin waiting for each other: beside two busy
+    processes on a 2-core Xeon, one 5,000-word line took 159 s with 2 threads and 18 s with 1 (idle: 10 s, 13 s)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    usable = min(usable, torch.get_num_threads())
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        usable = min(usable, max(1, math.ceil(quota)))
+    try:  # the fourth field: tasks running now / all tasks; this process is one of them
+        running = int(PROC_LOADAVG.read_text().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        running = 1
+    return max(1, usable - max(0, running - 1))
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """The CPUs this process's cgroup may use (v2 `cpu.max`, v1 `cpu.cfs_quota_us`); None without a quota."""
+    try:
+        quota, period = (CGROUP / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (CGROUP / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (CGROUP / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        return None if quota in ("max", "-1") else int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _set_threads(threads: int | None) -> None:
+    """`--threads`, else OMP_NUM_THREADS when set, else `default_threads()`."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(default_threads())
+
+
 def _fail(message: str) -> NoReturn:
     typer.echo(f"Error: {message}", err=True)
     raise typer.Exit(1)
 
 
 def _model_location(name: str) -> str:
-    """`name` if it is an existing directory or could be a Hub id (`name` or `org/name`), the directory of the
-    embedded English model for `default`; fail otherwise."""
-    path = Path(model_location(name)).expanduser()
-    if path.is_dir():
-        return str(path)
-    if path.exists():
-        _fail(f"{name} is a file; expected a save_pretrained directory or a Hub model id")
-    if path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1:
-        _fail(f"model directory {name} does not exist")
-    return name
+    """What to load for a model name (`loading.resolve_model`); fail in one line otherwise."""
+    try:
+        return loading.resolve_model(name)
+    except loading.ModelLoadError as error:
+        _fail(str(error))
 
 
 def _load_config(name: str) -> ElmoConfig:
     try:
-        config = AutoConfig.from_pretrained(_model_location(name))
-    except (OSError, ValueError) as error:
-        _fail(f"cannot load the model config from {name}: {error}")
-    if not isinstance(config, ElmoConfig):
-        _fail(f"{name} is a {type(config).__name__} (model_type {config.model_type!r}), not an ELMo model")
-    return config
+        return loading.load_config(name)
+    except loading.ModelLoadError as error:
+        _fail(str(error))
 
 
 def _load_model(name: str, config: ElmoConfig) -> ElmoModel | ElmoForBidirectionalLM:
     """The biLM, with its softmax if the checkpoint has one (`config.vocab_size`)."""
-    model_class = ElmoForBidirectionalLM if config.vocab_size else ElmoModel
     try:
-        return model_class.from_pretrained(_model_location(name), config=config)
-    except LOAD_ERRORS as error:
-        _fail(f"cannot load the model from {name}: {error}")
+        return loading.load_model(name, ElmoForBidirectionalLM if config.vocab_size else ElmoModel, config=config)
+    except loading.ModelLoadError as error:
+        _fail(str(error))
 
 
 def parameter_counts(model: ElmoModel | ElmoForBidirectionalLM) -> dict[str, int]:
@@ -134,7 +166,7 @@ def convert(
     (config, model.safetensors, tokenizer, model card). Prints the directory."""
     try:
         output = legacy.convert(options_json, weights_hdf5, out_dir, progress=True)
-    except (legacy.LegacyWeightsError, OSError, ValueError) as error:
+    except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     typer.echo(output)
 
@@ -146,10 +178,9 @@ def export_hdf5(
 ) -> None:
     """Write `<OUT_PREFIX>options.json` and `<OUT_PREFIX>weights.hdf5` in the original layout (readable by
     bilm-tf and AllenNLP). Prints both paths."""
-    _load_config(model_dir)
     try:
-        paths = legacy.export_hdf5(_model_location(model_dir), out_prefix)
-    except OSError as error:
+        paths = legacy.export_hdf5(model_dir, out_prefix)
+    except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     for path in paths:
         typer.echo(path)
@@ -263,7 +294,9 @@ def embed(
     cuda_device: Annotated[
         int | None, typer.Option(help="`allennlp elmo`'s device: -1 for the CPU, n for cuda:n.")
     ] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch [default: "
+                                                "OMP_NUM_THREADS, else the cores this process may use that no other "
+                                                "process is busy on].")] = None,
     bf16: Annotated[
         bool, typer.Option("--bf16", help="Run the biLM under bf16 autocast (float32 output, not exact): for CPUs with "
                            "native bf16 (AVX512-BF16, AMX) and GPUs.")
@@ -282,8 +315,9 @@ def embed(
     An empty or whitespace-only line is a sentence with no words. Words longer than 48 UTF-8 bytes are cut
     by the tokenizer; NUL and control characters, emoji and CJK are ordinary characters; `<S>`/`</S>` given
     as words are encoded as sentence boundaries (AllenNLP's behaviour). The input is decoded as UTF-8 with
-    `surrogateescape`: invalid bytes never fail, each becomes a lone surrogate U+DC80..U+DCFF (encoded by
-    the tokenizer as 3 bytes, split off as its own word in raw-text mode).
+    `surrogateescape`: invalid bytes never fail, each becomes a lone surrogate U+DC80..U+DCFF, encoded by the
+    tokenizer as 3 bytes (`elmo`'s word splitter makes it a word of its own; spaCy's, as for `default`, keeps it
+    inside its word, e.g. `ab\\udcffcd`).
 
     **Output.** `.hdf5`/`.h5`: AllenNLP's `elmo` layout, one float32 dataset per sentence named by its line
     index, shape (layers, words, width) with `--layers all` else (words, width), plus `sentence_to_index`
@@ -303,6 +337,11 @@ def embed(
     ONEDNN_PRIMITIVE_CACHE_CAPACITY / LRU_CACHE_CAPACITY are set). A sentence's vectors do not depend on its batch.
     A line longer than `--max-sentence-words` (1000) runs as consecutive windows of that many words, each from the
     zero state, its vectors concatenated: a huge line needs the memory of a window plus its output.
+
+    **Threads.** torch uses the cores this process may use that no other process is busy on when it starts
+    (OMP_NUM_THREADS or `--threads N` say otherwise): more threads than free cores make every step wait for a
+    descheduled thread, many times slower. On a machine that gets busy later, give `--threads 1` (or the cores
+    left free).
 
     **Several processes or nodes.** Under a launcher (`torchrun --nproc-per-node 4 -m hf_elmo.cli embed ...`,
     or `accelerate launch`), each process embeds a contiguous share of the lines into hidden part files next to
@@ -333,6 +372,11 @@ def embed(
         _fail(f"output directory {output_file.parent} does not exist")
     if output_file.is_dir():
         _fail(f"{output_file} is a directory")
+    if suffix in (".hdf5", ".h5") or legacy_weights:
+        try:
+            legacy.require_h5py(".hdf5 outputs" if suffix != ".npy" else "--options-file/--weight-file")
+        except ImportError as error:
+            _fail(str(error))
     if use_sentence_keys and suffix == ".npy":
         raise typer.BadParameter("names the datasets of an .hdf5 file; OUTPUT is .npy",
                                  param_hint="--use-sentence-keys")
@@ -366,12 +410,11 @@ def embed(
                 f"(the token layer + {config.n_layers} biLSTM layers)",
                 param_hint="--weights",
             )
-    if threads is not None:
-        torch.set_num_threads(threads)
+    _set_threads(threads)
     bound_onednn_caches()
     try:
         embedder = ElmoEmbedder(
-            _model_location(model) if not legacy_weights else DEFAULT_MODEL_NAME,
+            model if not legacy_weights else DEFAULT_MODEL_NAME,
             layers=layers.value,
             scalar_parameters=scalar_parameters,
             gamma=gamma,
@@ -384,8 +427,8 @@ def embed(
             weight_file=weight_file,
             bf16=bf16,
         )
-    except (legacy.LegacyWeightsError, *LOAD_ERRORS) as error:
-        _fail(f"cannot load the model: {error}")
+    except (ValueError, ImportError) as error:  # ModelLoadError, LegacyWeightsError, h5py missing
+        _fail(str(error))
     settings = dict(tokenized=legacy_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
                     sentence_index=not forget_sentences, sentence_keys=use_sentence_keys)
     try:
@@ -483,7 +526,9 @@ def evaluate(
         int | None, typer.Option(min=1, help="Cut longer lines into pieces of this many words [default: whole lines].")
     ] = None,
     device: Annotated[str, typer.Option(help="`cpu`, `cuda`, ...")] = "cpu",
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch [default: "
+                                                "OMP_NUM_THREADS, else the cores this process may use that no other "
+                                                "process is busy on].")] = None,
 ) -> None:
     """Print the forward, backward and average perplexity of MODEL on FILES (full softmax) as one JSON line.
 
@@ -491,8 +536,7 @@ def evaluate(
     or `<S>` (backward) per line, counted in `tokens`. The average is exp(mean of the two cross-entropies).
     Empty lines are skipped; targets outside the model's `vocab.txt` are `<UNK>`."""
     training = _training()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    _set_threads(threads)
     try:
         metrics = training.evaluate_model(
             _model_location(model), files, word_tokenizer=word_tokenizer, batch_tokens=batch_tokens,

@@ -6,6 +6,8 @@ import numbers
 
 from transformers import PreTrainedConfig
 
+from .text import MAX_CHARACTERS_PER_TOKEN
+
 # The character CNN shared by every published ELMo model (width, number of filters).
 PUBLISHED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
 
@@ -89,10 +91,11 @@ class ElmoConfig(PreTrainedConfig):
         filters = filters if filters is not None else PUBLISHED_FILTERS
         for name, value, minimum in (
             ("char_embedding_dim", char_embedding_dim, 1), ("n_highway", n_highway, 0),
-            ("max_characters_per_token", max_characters_per_token, 3), ("lstm_dim", lstm_dim, 1),
+            ("lstm_dim", lstm_dim, 1),
             ("projection_dim", projection_dim, 1), ("n_layers", n_layers, 1), ("task_hidden_size", task_hidden_size, 1),
         ):
             _check_integer(name, value, minimum)
+        _check_integer("max_characters_per_token", max_characters_per_token, 3, MAX_CHARACTERS_PER_TOKEN)
         if vocab_size is not None:
             _check_integer("vocab_size", vocab_size, 1)
         if not isinstance(filters, (list, tuple)) or not filters or any(
@@ -175,9 +178,10 @@ def _is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check_integer(name: str, value, minimum: int) -> None:
-    if not _is_integer(value) or value < minimum:
-        raise ValueError(f"ElmoConfig.{name} must be an integer >= {minimum}, got {value!r}")
+def _check_integer(name: str, value, minimum: int, maximum: int | None = None) -> None:
+    if not _is_integer(value) or value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        raise ValueError(f"ElmoConfig.{name} must be an integer {bounds}, got {value!r}")
 
 
 ElmoConfig.register_for_auto_class()

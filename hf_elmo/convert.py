@@ -24,6 +24,15 @@ class LegacyWeightsError(ValueError):
     """The original options or weights are missing, unreadable or do not match each other."""
 
 
+def require_h5py(purpose: str = "the original .hdf5 weights"):
+    """The h5py module, which only the original format needs (an extra); an `ImportError` in one line without it."""
+    try:
+        import h5py
+    except ImportError:
+        raise ImportError(f"{purpose} need h5py: pip install 'spacy-elmo[hdf5]'") from None
+    return h5py
+
+
 def _require(options: dict, section: str, key: str, path: str | Path) -> Any:
     try:
         return options[section][key]
@@ -106,8 +115,7 @@ def legacy_layout(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _read_hdf5(weights_file: str | Path, config: ElmoConfig, progress: bool = False) -> dict[str, np.ndarray]:
-    import h5py  # only conversion needs h5py
-
+    h5py = require_h5py()
     layout = legacy_layout(config)
     try:
         handle = h5py.File(weights_file, "r")
@@ -245,9 +253,10 @@ def convert(
 
 def export_hdf5(model_dir: str | Path, output_prefix: str | Path) -> tuple[Path, Path]:
     """Write `<prefix>options.json` and `<prefix>weights.hdf5` in the original layout; returns both paths."""
-    import h5py
+    from .loading import load_model
 
-    model = ElmoModel.from_pretrained(model_dir)
+    h5py = require_h5py()
+    model = load_model(model_dir)
     arrays = legacy_from_state_dict(model.state_dict(), model.config)
     prefix = str(output_prefix)
     options_path, weights_path = Path(prefix + "options.json"), Path(prefix + "weights.hdf5")
@@ -268,5 +277,6 @@ __all__ = [
     "legacy_layout",
     "load_legacy",
     "options_from_config",
+    "require_h5py",
     "state_dict_from_legacy",
 ]

@@ -28,14 +28,16 @@ import torch
 from numpy.lib import format as npy_format
 from tqdm import tqdm
 
-from . import DEFAULT_MODEL_NAME, model_location
+from .convert import require_h5py
 from .kernels import ElmoInferenceCache, native_bf16_cpu
+from .loading import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from .modeling_elmo import ElmoModel, ElmoScalarMix, remove_sentence_boundaries
 from .text import length_batches, read_lines, split_into_words
 from .tokenization_elmo import ElmoCharTokenizer
 
 LAYER_MODES = ("all", "top", "average", "mix")
 OUTPUT_SUFFIXES = (".hdf5", ".h5", ".npy")
+
 # oneDNN compiles and keeps a kernel per matmul shape (1024 by default); batches of ever new lengths add shapes
 # for hours, hundreds of MB in all. 64 keeps the memory of a long run flat at no measured speed cost.
 ONEDNN_CACHE_CAPACITY = 64
@@ -49,17 +51,38 @@ def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     os.environ.setdefault("LRU_CACHE_CAPACITY", str(capacity))
 
 
-def _chunks(sentences: Iterable[Sequence[str]], buffer_tokens: int) -> Iterator[list[list[str]]]:
-    """Consecutive runs of sentences of at most `buffer_tokens` positions (or one longer sentence)."""
-    chunk: list[list[str]] = []
-    positions = 0
-    for words in sentences:
+def _sentence_index(item: tuple[_Window, np.ndarray]) -> int:
+    return item[0].sentence
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Consecutive words of one sentence that the biLM reads as one row (a whole sentence, unless it is longer than
+    `max_sentence_words`)."""
+
+    sentence: int  # the sentence's index in the input
+    words: list[str]
+    sentence_words: int  # the words of the whole sentence
+
+
+def _windows(sentences: Iterable[Sequence[str]], window: int) -> Iterator[_Window]:
+    """The windows of every sentence, in order (an empty sentence is one empty window), read lazily."""
+    for index, words in enumerate(sentences):
         words = list(words)
-        if chunk and positions + len(words) + 2 > buffer_tokens:
+        for start in range(0, max(len(words), 1), window):
+            yield _Window(index, words[start : start + window], len(words))
+
+
+def _chunks(windows: Iterable[_Window], buffer_tokens: int) -> Iterator[list[_Window]]:
+    """Consecutive runs of windows of at most `buffer_tokens` positions (or one longer window)."""
+    chunk: list[_Window] = []
+    positions = 0
+    for window in windows:
+        if chunk and positions + len(window.words) + 2 > buffer_tokens:
             yield chunk
             chunk, positions = [], 0
-        chunk.append(words)
-        positions += len(words) + 2
+        chunk.append(window)
+        positions += len(window.words) + 2
     if chunk:
         yield chunk
 
@@ -231,21 +254,32 @@ class ElmoEmbedder:
         windows of that many words, each from the zero state, and their vectors are concatenated, so a huge line
         needs the memory of a window (plus its output), not of the whole line.
         """
+        for _, windows in itertools.groupby(self._embedded_windows(sentences, batch_size), key=_sentence_index):
+            first, embedding = next(windows)
+            if len(first.words) == first.sentence_words:  # one window
+                yield embedding
+                continue
+            # The windows' vectors copied into the sentence's array as they come: one copy of a long line.
+            joined = np.empty((*embedding.shape[:-2], first.sentence_words, embedding.shape[-1]), dtype=np.float32)
+            joined[..., : len(first.words), :] = embedding
+            start = len(first.words)
+            for window, part in windows:  # noqa: B031 (the rest of the group, after next())
+                joined[..., start : start + len(window.words), :] = part
+                start += len(window.words)
+            yield joined
+
+    def _embedded_windows(
+        self, sentences: Iterable[Sequence[str]], batch_size: int | None = None
+    ) -> Iterator[tuple[_Window, np.ndarray]]:
+        """Every window of every sentence (see `embed_sentences`) with its vectors, in input order; at most
+        `buffer_tokens` positions of windows are read ahead, sorted by length and embedded in batches."""
         batch_size = batch_size or self.batch_size
-        window = self.max_sentence_words
-        for chunk in _chunks(sentences, self.buffer_tokens):
-            # The windows of every sentence, in order; an empty sentence is one empty window.
-            pieces = [words[start : start + window] for words in chunk
-                      for start in range(0, max(len(words), 1), window)]
+        for chunk in _chunks(_windows(sentences, self.max_sentence_words), self.buffer_tokens):
             embeddings: dict[int, np.ndarray] = {}
-            for batch in length_batches([len(words) for words in pieces], self.batch_tokens, batch_size):
-                embeddings.update(zip(batch, self.embed_batch([pieces[j] for j in batch])))
-            start = 0
-            for index in range(len(chunk)):
-                end = start + max(1, -(-len(chunk[index]) // window))
-                parts = [embeddings.pop(j) for j in range(start, end)]
-                yield parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
-                start = end
+            for batch in length_batches([len(window.words) for window in chunk], self.batch_tokens, batch_size):
+                embeddings.update(zip(batch, self.embed_batch([chunk[j].words for j in batch])))
+            for j, window in enumerate(chunk):
+                yield window, embeddings.pop(j)
 
     def embed_file(
         self,
@@ -284,8 +318,7 @@ def _load_model(
 
         return load_legacy(options_file, weight_file), tokenizer
     if isinstance(model, (str, os.PathLike)):
-        location = model_location(model)
-        return ElmoModel.from_pretrained(location), tokenizer or ElmoCharTokenizer.from_pretrained(location)
+        return load_model(model), tokenizer or load_tokenizer(model)
     if not isinstance(model, ElmoModel):
         raise TypeError(f"model must be an ElmoModel, a directory or a Hub id, got {type(model).__name__}")
     return model, tokenizer
@@ -317,6 +350,11 @@ class EmbeddingWriter:
 
     def add(self, embedding: np.ndarray, sentence: str) -> None:
         """Write the next sentence: `embedding` (layers, words, width) or (words, width), and its text."""
+        self.add_parts(embedding.shape[-2], [embedding], sentence)
+
+    def add_parts(self, words: int, parts: Iterable[np.ndarray], sentence: str) -> None:
+        """Write the next sentence of `words` words from consecutive parts of its vectors along the words axis
+        (e.g. the windows of a long line), each written as it comes, and its text."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -331,10 +369,14 @@ class EmbeddingWriter:
         return self
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.discard()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.discard()
+            raise
 
 
 class Hdf5Writer(EmbeddingWriter):
@@ -348,24 +390,34 @@ class Hdf5Writer(EmbeddingWriter):
     """
 
     def __init__(self, path: str | Path, sentence_index: bool = True, sentence_keys: bool = False):
-        try:
-            import h5py
-        except ImportError:
-            raise ImportError("writing .hdf5 needs h5py: pip install 'spacy-elmo[hdf5]'") from None
+        h5py = require_h5py(".hdf5 outputs")
         self.path = Path(path)
         self.count = 0
         self.sentence_keys = sentence_keys
         self.sentence_to_index: dict[str, str] | None = {} if sentence_index and not sentence_keys else None
         self._string_dtype = h5py.string_dtype()
-        self._file = h5py.File(_partial_path(self.path), "w")
+        self._output = _WriteOnce(_partial_path(self.path))
+        self._file = h5py.File(self._output, "w")
 
-    def add(self, embedding: np.ndarray, sentence: str) -> None:
+    def add_parts(self, words: int, parts: Iterable[np.ndarray], sentence: str) -> None:
         key = sentence.strip() if self.sentence_keys else str(self.count)
         if self.sentence_keys and (key in ("", ".") or "/" in key):
             raise ValueError(f"line {self.count}: {key!r} cannot name an HDF5 dataset (empty, '.' or with '/'); "
                              "embed without sentence keys")
-        if key not in self._file:
-            self._file.create_dataset(key, data=np.asarray(embedding, dtype=np.float32))
+        if self.sentence_keys and key in self._file:  # a repeated line: the same vectors, written once
+            for _ in parts:
+                pass
+        else:
+            dataset, start = None, 0
+            for part in parts:
+                if dataset is None and part.shape[-2] == words:  # the whole sentence at once (most sentences)
+                    self._file.create_dataset(key, data=np.asarray(part, dtype=np.float32))
+                    break
+                if dataset is None:
+                    dataset = self._file.create_dataset(key, (*part.shape[:-2], words, part.shape[-1]), np.float32)
+                dataset[..., start : start + part.shape[-2], :] = part
+                start += part.shape[-2]
+        self._output.check(self.path)
         if self.sentence_to_index is not None:
             self.sentence_to_index[sentence.strip()] = key
         self.count += 1
@@ -376,18 +428,70 @@ class Hdf5Writer(EmbeddingWriter):
             index = self._file.create_dataset("sentence_to_index", (1,), dtype=self._string_dtype)
             index[0] = json.dumps(self.sentence_to_index)
         self._file.close()
+        self._output.close()
+        self._output.check(self.path)
         os.replace(_partial_path(self.path), self.path)
 
     def discard(self) -> None:
         _close_and_remove(self._file, _partial_path(self.path))
+        self._output.close()
+
+
+class _WriteOnce:
+    """The file object HDF5 writes through (h5py's `fileobj` driver). HDF5 reports a failed write (a full disk, a
+    file-size limit) only when it later closes an object, through h5py to stderr, and then cannot close its file; so
+    a write never fails here: the first error is kept (and later writes skipped) until `check` raises it."""
+
+    def __init__(self, path: Path):
+        self._file = open(path, "w+b", buffering=0)  # unbuffered: every failed write is seen at once
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        if self.error is None:
+            try:
+                return self._file.write(data)
+            except OSError as error:
+                self.error = error
+        return len(data)
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.error is None:
+            try:
+                return self._file.truncate(size)
+            except OSError as error:
+                self.error = error
+        return size if size is not None else self._file.tell()
+
+    def flush(self) -> None:
+        """Nothing to flush: writes are unbuffered."""
+
+    def read(self, size: int = -1) -> bytes:
+        return self._file.read(size)
+
+    def readinto(self, buffer) -> int:
+        return self._file.readinto(buffer)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def check(self, path: Path) -> None:
+        """Raise the first failed write's `OSError`, naming `path`."""
+        if self.error is not None:
+            raise OSError(self.error.errno, self.error.strerror, str(path))
 
 
 def _close_and_remove(handle: Any, path: Path) -> None:
     """Close `handle` and delete `path`, also when closing fails (e.g. flushing onto a full disk)."""
     try:
         handle.close()
-    except OSError:
-        pass  # the file is being thrown away: what could not be written does not matter
+    except Exception:  # any failure: the file is being thrown away, what it lacks does not matter
+        pass
     finally:
         path.unlink(missing_ok=True)
 
@@ -449,9 +553,13 @@ class NpyWriter(EmbeddingWriter):
         self._offsets = _GrowingNpy(self.offsets_path, np.int64, ())
         self._offsets.append(np.zeros(1, dtype=np.int64))
 
-    def add(self, embedding: np.ndarray, sentence: str) -> None:
-        self._vectors.append(np.moveaxis(embedding, -2, 0))
-        self._offsets.append(np.array([self._vectors.rows], dtype=np.int64))
+    def add_parts(self, words: int, parts: Iterable[np.ndarray], sentence: str) -> None:
+        try:
+            for part in parts:
+                self._vectors.append(np.moveaxis(part, -2, 0))
+            self._offsets.append(np.array([self._vectors.rows], dtype=np.int64))
+        except OSError as error:  # a write's error names no file
+            raise OSError(error.errno, error.strerror, str(self.path)) from None
         self.count += 1
 
     def close(self) -> None:
@@ -522,8 +630,11 @@ def _embed_lines(embedder: ElmoEmbedder, lines: Iterable[str], writer: Embedding
             pending.append(line)
             yield line.split() if tokenized else split_into_words(line, embedder.tokenizer.word_tokenizer)
 
-    for embedding in embedder.embed_sentences(sentences()):
-        writer.add(embedding, pending.popleft())
+    # Each sentence's windows go to the writer as they come: a long line is never held whole.
+    for _, windows in itertools.groupby(embedder._embedded_windows(sentences()), key=_sentence_index):
+        first, embedding = next(windows)
+        parts = itertools.chain([embedding], (part for _, part in windows))  # noqa: B031 (the rest, after next())
+        writer.add_parts(first.sentence_words, parts, pending.popleft())
 
 
 # -- several processes ----------------------------------------------------------------------------------------
@@ -562,8 +673,8 @@ class _PartWriter(NpyWriter):
         self.lines_path = part.lines_path
         self._lines = open(_partial_path(self.lines_path), "w", encoding="ascii")  # json.dumps escapes non-ASCII
 
-    def add(self, embedding: np.ndarray, sentence: str) -> None:
-        super().add(embedding, sentence)
+    def add_parts(self, words: int, parts: Iterable[np.ndarray], sentence: str) -> None:
+        super().add_parts(words, parts, sentence)
         self._lines.write(json.dumps(sentence) + "\n")
 
     def close(self) -> None:

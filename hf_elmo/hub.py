@@ -20,7 +20,7 @@ import torch
 from huggingface_hub import CommitInfo, HfApi, ModelCard, ModelCardData
 
 from .configuration_elmo import ElmoConfig
-from .modeling_elmo import ElmoModel
+from .loading import load_config, load_model
 from .tokenization_elmo import ElmoCharTokenizer
 
 
@@ -252,10 +252,10 @@ def export_encoder(
     Returns `output_dir`.
     """
     trained_dir, output_dir = Path(trained_dir), Path(output_dir)
-    config = ElmoConfig.from_pretrained(trained_dir)
+    config = load_config(trained_dir)
     if not config.vocab_size:
         raise ValueError(f"{trained_dir} holds no word softmax (config.vocab_size is {config.vocab_size})")
-    model = ElmoModel.from_pretrained(trained_dir)
+    model = load_model(trained_dir)
     model.config.vocab_size = None
     if hasattr(model.config, "word_vocab_file"):
         del model.config.word_vocab_file

@@ -48,6 +48,10 @@ _WORD_SPLIT_PATTERN = regex.compile(
     regex.VERBOSE,
 )
 
+# Character slots per word at most (begin/end-of-word markers included): every published model has 50; far more
+# would make each batch's character ids and convolutions take gigabytes.
+MAX_CHARACTERS_PER_TOKEN = 1024
+
 # A word tokenizer splits a list of lines into a list of word lists (batched: spaCy tokenizes in batches).
 WordTokenizer = Callable[[Sequence[str]], list[list[str]]]
 

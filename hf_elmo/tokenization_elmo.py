@@ -15,7 +15,7 @@ import numpy as np
 from transformers import BatchEncoding, PreTrainedTokenizer
 from transformers.utils import PaddingStrategy, TensorType
 
-from .text import check_word_tokenizer, split_into_words
+from .text import MAX_CHARACTERS_PER_TOKEN, check_word_tokenizer, split_into_words
 
 # Raw character ids (training id space); the encoded ids are these + 1.
 BEGIN_OF_SENTENCE_CHAR = 256
@@ -74,8 +74,9 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         word_tokenizer: str | None = None,
         **kwargs,
     ):
-        if max_characters_per_token < 3:
-            raise ValueError("max_characters_per_token must leave room for the begin/end-of-word markers (>= 3)")
+        if not 3 <= max_characters_per_token <= MAX_CHARACTERS_PER_TOKEN:
+            raise ValueError(f"max_characters_per_token must be >= 3 (room for the begin/end-of-word markers) and <= "
+                             f"{MAX_CHARACTERS_PER_TOKEN}, got {max_characters_per_token!r}")
         if kwargs.get("padding_side", "right") != "right":
             raise ValueError("ElmoCharTokenizer pads on the right only")
         self.max_characters_per_token = max_characters_per_token

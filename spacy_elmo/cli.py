@@ -72,9 +72,9 @@ def make_config(task: str, model: str | None = None, elmo: str | None = None, en
     if encoder is not None:
         set_encoder(config, task, encoder)
     if model:
-        from hf_elmo import ElmoConfig, model_location
+        from hf_elmo.loading import load_config
 
-        elmo_config = ElmoConfig.from_pretrained(model_location(model))
+        elmo_config = load_config(model)
         config["paths"]["elmo_model"] = str(model)
         config["elmo"]["width"] = elmo_config.output_dim
         config["elmo"]["n_layers"] = elmo_config.num_output_layers

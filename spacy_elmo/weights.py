@@ -5,17 +5,15 @@ config (`spacy debug config`, `spacy.load`) never reads the weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from spacy.util import SimpleFrozenDict, registry
-from transformers.utils import logging as transformers_logging
 
-from hf_elmo import ElmoConfig, ElmoModel, model_location
+from hf_elmo import ElmoConfig, ElmoModel, ModelLoadError, load_model
 
 WeightsLoader = Callable[[], ElmoModel]
 NO_SETTINGS = SimpleFrozenDict()
@@ -23,26 +21,19 @@ NO_SETTINGS = SimpleFrozenDict()
 
 def load_pretrained(name: str | Path | None, revision: str | None = None) -> ElmoModel:
     """A biLM from a local `save_pretrained` directory (e.g. written by `elmo convert`), a Hub id, or `"default"`:
-    the English model shipped inside the package (`hf_elmo.DEFAULT_MODEL`)."""
+    the English model shipped inside the package (`hf_elmo.DEFAULT_MODEL`). A bad name fails with a one-line
+    `ModelLoadError` that names the config settings that give it."""
     if not name:
         raise ValueError(
             "spacy-elmo.PretrainedWeights.v1 has no `name`: give the biLM's directory or Hub id (or \"default\"), "
             "e.g. `--paths.elmo_model path/to/converted-elmo` with the shipped configs."
         )
-    with no_transformers_progress_bars():
-        return ElmoModel.from_pretrained(model_location(name), revision=revision).eval()
-
-
-@contextmanager
-def no_transformers_progress_bars() -> Iterator[None]:
-    """Keep transformers' "Loading weights" bar out of spaCy's output (e.g. the `spacy train` log)."""
-    enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
     try:
-        yield
-    finally:
-        if enabled:
-            transformers_logging.enable_progress_bar()
+        return load_model(name, revision=revision)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"{error} (the biLM's `name` in the pipeline config: [components.<elmo>.model] name, "
+                             "or [initialize.components.<elmo>.weights] name; `paths.elmo_model` in the shipped "
+                             "configs)") from None
 
 
 def load_allennlp(options_file: str | Path, weight_file: str | Path) -> ElmoModel:

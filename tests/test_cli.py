@@ -171,9 +171,9 @@ def damaged_copy(model_dir: Path, target: Path, damage: str) -> Path:
 def test_info_and_embed_report_damaged_weights_in_one_line(tiny_model_dir, tmp_path, damage, message):
     model = damaged_copy(tiny_model_dir, tmp_path / "model", damage)
     (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
-    assert_clean_failure(run("info", model), f"cannot load the model from {model}: ", exit_code=1)
+    assert_clean_failure(run("info", model), f"cannot load the weights of {model}: ", exit_code=1)
     result = run("embed", model, tmp_path / "in.txt", tmp_path / "out.npy", "-q")
-    assert_clean_failure(result, "cannot load the model: ", exit_code=1)
+    assert_clean_failure(result, f"cannot load the weights of {model}: ", exit_code=1)
     assert message in " ".join(result.stderr.replace("│", " ").split())
 
 
@@ -362,3 +362,80 @@ def test_a_failing_command_prints_no_traceback_in_a_subprocess(tmp_path):
     assert process.returncode == 1
     assert process.stderr.decode() == f"Error: model directory {tmp_path / 'missing'} does not exist\n"
     assert process.stdout == b""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["convert", "{options}", "{weights}", "{out}"],
+        ["export-hdf5", "{model}", "{out}_"],
+        ["embed", "{input}", "{out}.npy", "--options-file", "{options}", "--weight-file", "{weights}"],
+        ["embed", "{model}", "{input}", "{out}.hdf5"],
+    ],
+)
+def test_a_missing_h5py_is_one_line_naming_the_extra(tiny_model_dir, tmp_path, monkeypatch, command):
+    places = {"options": FIXTURES / "options.json", "weights": FIXTURES / "lm_weights.hdf5", "out": tmp_path / "out",
+              "model": tiny_model_dir, "input": tmp_path / "in.txt"}
+    places["input"].write_text("a b\n")
+    monkeypatch.setitem(sys.modules, "h5py", None)  # `import h5py` raises ImportError
+    result = run(*(str(arg).format(**places) for arg in command))
+    assert_clean_failure(result, "need h5py: pip install 'spacy-elmo[hdf5]'", exit_code=1)
+    assert result.stderr.count("\n") == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_an_output_over_the_file_size_limit_fails_in_one_line_and_leaves_nothing(tiny_model_dir, tmp_path):
+    """`ulimit -f`: the write fails with EFBIG; the partial output is removed whatever closing it raises."""
+    import resource
+
+    source = tmp_path / "in.txt"
+    source.write_text("the bank raised rates again today\n" * 400)
+    for output in ("out.hdf5", "out.npy"):
+        process = subprocess.run(
+            [sys.executable, "-m", "hf_elmo.cli", "embed", str(tiny_model_dir), str(source), str(tmp_path / output),
+             "-q"],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024)),
+        )
+        assert process.returncode == 1, process.stderr
+        assert process.stderr.startswith("Error: ") and process.stderr.count("\n") == 1, process.stderr
+        assert "File too large" in process.stderr, process.stderr
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_default_threads_are_the_free_cores_this_process_may_use(tmp_path, monkeypatch):
+    """More torch threads than free cores collapse under load (OpenMP threads spin waiting for a descheduled one)."""
+    from hf_elmo import cli
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    loadavg = tmp_path / "loadavg"
+    monkeypatch.setattr(cli, "PROC_LOADAVG", loadavg)
+    monkeypatch.setattr(cli, "CGROUP", tmp_path / "cgroup")
+    for running, expected in (("1/300", 8), ("3/300", 6), ("12/300", 1)):  # this process is one of the running
+        loadavg.write_text(f"0.5 0.4 0.3 {running} 4242\n")
+        assert cli.default_threads() == expected
+    loadavg.write_text("0.5 0.4 0.3 1/300 4242\n")
+    (tmp_path / "cgroup").mkdir()
+    (tmp_path / "cgroup" / "cpu.max").write_text("250000 100000\n")  # a quota of 2.5 CPUs
+    assert cli.default_threads() == 3
+    (tmp_path / "cgroup" / "cpu.max").write_text("max 100000\n")
+    assert cli.default_threads() == 8
+    monkeypatch.setattr(cli, "PROC_LOADAVG", tmp_path / "missing")  # not Linux: the usable cores
+    assert cli.default_threads() == 8
+
+
+def test_embed_sets_the_default_threads_unless_told(tiny_model_dir, tmp_path, monkeypatch):
+    from hf_elmo import cli
+
+    monkeypatch.setattr(cli, "default_threads", lambda: 1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    (tmp_path / "in.txt").write_text("a b\n")
+    torch.set_num_threads(2)
+    assert run("embed", tiny_model_dir, tmp_path / "in.txt", tmp_path / "out.npy", "-q").exit_code == 0
+    assert torch.get_num_threads() == 1
+    assert run("embed", tiny_model_dir, tmp_path / "in.txt", tmp_path / "out.npy", "-q", "--threads", 2).exit_code == 0
+    assert torch.get_num_threads() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's setting stands
+    assert run("embed", tiny_model_dir, tmp_path / "in.txt", tmp_path / "out.npy", "-q").exit_code == 0
+    assert torch.get_num_threads() == 2

@@ -274,6 +274,40 @@ def test_memory_does_not_grow_with_the_input(tiny_model, tmp_path):
     assert large < 1.3 * small + 1_000_000, (small, large)
 
 
+@pytest.mark.parametrize("output", ["out.npy", "out.hdf5"])
+def test_a_long_line_streams_to_the_output_in_the_memory_of_its_windows(tmp_path, output):
+    """One line of many windows: each window's vectors go to the writer as they come, so the memory held grows with
+    the line only by its words (it grew at twice the output: every window's vectors, then their concatenation)."""
+    torch.manual_seed(0)
+    model = ElmoModel(ElmoConfig(**{**TINY_CONFIG, "projection_dim": 64, "lstm_dim": 64})).eval()  # 1.5 KB a word
+    embedder = ElmoEmbedder(model, layers="all", max_sentence_words=100, buffer_tokens=400)
+    lines = {n: " ".join(f"w{i % 300}" for i in range(n)) for n in (2_000, 20_000)}
+
+    def peak_traced_memory(words: int) -> int:
+        source = write_lines(tmp_path / f"{words}.txt", (lines[words] + "\n").encode())
+        tracemalloc.start()
+        try:
+            assert embed_file(embedder, source, tmp_path / f"{words}-{output}", progress=False) == 1
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small, large = peak_traced_memory(2_000), peak_traced_memory(20_000)
+    output_bytes = 20_000 * 3 * 128 * 4  # 30.7 MB; a chunk of windows' vectors is 0.6 MB, the line's words ~1.3 MB
+    assert large - small < 0.1 * output_bytes, (small, large)
+    words = lines[20_000].split()
+    expected = np.concatenate([direct_layers(model, words[start : start + 100]) for start in range(0, 20_000, 100)],
+                              axis=1)
+    if output.endswith(".npy"):
+        vectors = np.load(tmp_path / "20000-out.npy")  # (words, layers, width)
+        np.testing.assert_allclose(np.moveaxis(vectors, 0, -2), expected, atol=1e-5)
+    else:
+        with h5py.File(tmp_path / "20000-out.hdf5") as written:
+            np.testing.assert_allclose(written["0"][...], expected, atol=1e-5)
+    # The Python API gives the same array, joined from the windows in place.
+    np.testing.assert_allclose(next(embedder.embed_sentences([words])), expected, atol=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_embedding_on_cuda_matches_cpu(tiny_model_dir):
     options = {"layers": "mix", "scalar_parameters": [0.5, -1.0, 2.0], "gamma": 1.5, "batch_tokens": 30}

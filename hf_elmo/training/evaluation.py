@@ -15,9 +15,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
-from transformers import AutoConfig
 
-from ..configuration_elmo import ElmoConfig
+from ..loading import load_config, load_model
 from ..modeling_elmo import ElmoForBidirectionalLM
 from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer
@@ -76,8 +75,8 @@ def evaluate_model(
     """Perplexities of the `ElmoForBidirectionalLM` in `model` (directory or Hub id, with its `vocab.txt`) on
     `files`, words split by `word_tokenizer` (default: the one recorded in its config); `progress` as in
     `evaluate`."""
-    config = AutoConfig.from_pretrained(model)
-    if not isinstance(config, ElmoConfig) or not config.vocab_size:
+    config = load_config(model)
+    if not config.vocab_size:
         raise ValueError(f"{model} has no word softmax (config.vocab_size): it cannot compute perplexities")
     word_tokenizer = word_tokenizer or getattr(config, "word_tokenizer", None)
     if word_tokenizer is None:
@@ -85,7 +84,7 @@ def evaluate_model(
     vocabulary = WordVocabulary.from_pretrained(model)
     if len(vocabulary) != config.vocab_size:
         raise ValueError(f"{model}: vocab.txt has {len(vocabulary)} words, the softmax {config.vocab_size}")
-    lm = ElmoForBidirectionalLM.from_pretrained(model, config=config).to(device)
+    lm = load_model(model, ElmoForBidirectionalLM, config=config).to(device)
     batches = LMBatches(
         expand_files(files),
         get_word_tokenizer(word_tokenizer),

@@ -31,11 +31,12 @@ from accelerate.logging import get_logger
 from accelerate.utils import gather_object, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoConfig, HfArgumentParser, get_scheduler
+from transformers import HfArgumentParser, get_scheduler
 
+from .. import loading
 from ..configuration_elmo import ElmoConfig
 from ..hub import CardMetadata, push_directory, write_model_card
-from ..modeling_elmo import ElmoForBidirectionalLM, ElmoModel
+from ..modeling_elmo import ElmoForBidirectionalLM
 from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer
 from .card import describe_files, training_source
@@ -148,13 +149,6 @@ def parse_arguments(argv: Sequence[str] | None = None) -> PretrainArguments:
     return args
 
 
-def elmo_config(name: str) -> ElmoConfig:
-    config = AutoConfig.from_pretrained(name)
-    if not isinstance(config, ElmoConfig):
-        raise ValueError(f"{name} is not an ELMo model (model_type {config.model_type!r})")
-    return config
-
-
 def describe_model(name: str) -> str:
     """How a card names a starting model: a Hub id as it is, a local directory by its name only (a card never
     holds a local path)."""
@@ -228,7 +222,7 @@ def load_initial_model(
         if len(vocabulary) != init_config.vocab_size:
             raise ValueError(f"{args.init_model}: {VOCAB_FILE} has {len(vocabulary)} words, the softmax "
                              f"{init_config.vocab_size}")
-        lm = ElmoForBidirectionalLM.from_pretrained(args.init_model, **overrides)
+        lm = loading.load_model(args.init_model, ElmoForBidirectionalLM, **overrides)
         if accelerator.is_main_process:
             vocabulary.save(Path(args.output_dir) / VOCAB_FILE)
         return lm, vocabulary, f"the biLM {describe_model(args.init_model)} (fine-tuned)"
@@ -238,7 +232,7 @@ def load_initial_model(
     # A new model, then the encoder's weights: its softmax gets bilm-tf's initialisation this way (loading the
     # encoder with `ElmoForBidirectionalLM.from_pretrained(..., vocab_size=...)` leaves it uninitialised).
     lm = ElmoForBidirectionalLM(config)
-    lm.elmo.load_state_dict(ElmoModel.from_pretrained(args.init_model).state_dict())
+    lm.elmo.load_state_dict(loading.load_model(args.init_model).state_dict())
     return lm, vocabulary, f"the biLM {describe_model(args.init_model)} with a new softmax"
 
 
@@ -255,7 +249,7 @@ class Pretraining:
 
     def __init__(self, args: PretrainArguments):
         self.args = args
-        init_config = elmo_config(args.init_model) if args.init_model else None
+        init_config = loading.load_config(args.init_model) if args.init_model else None
         self.word_tokenizer_name = args.word_tokenizer or getattr(init_config, "word_tokenizer", None) or "spacy:en"
         new_softmax_on_trained_encoder = init_config is not None and not init_config.vocab_size
         softmax_only_steps = args.softmax_only_steps

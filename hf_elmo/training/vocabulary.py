@@ -89,8 +89,12 @@ class WordVocabulary:
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordVocabulary:
         """Read a file of one word per line (bilm-tf's format); blank lines are ignored."""
-        with open(path, encoding="utf-8") as file:
-            return cls([line.strip() for line in file if line.strip()])
+        try:
+            with open(path, encoding="utf-8") as file:
+                return cls([line.strip() for line in file if line.strip()])
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): a vocabulary is one "
+                             "UTF-8 word per line") from None
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write `vocab.txt` into a model directory."""
