@@ -721,6 +721,16 @@ def test_pretrain_rejects_bad_arguments(tmp_path):
         parse_arguments([str(recipe)])
 
 
+def test_a_vocabulary_that_is_not_utf8_is_named_in_one_line(tmp_path, one_thread):
+    (tmp_path / "vocab.txt").write_bytes(b"<S>\n</S>\n<UNK>\nbank\n\xffrates\n")
+    args = toy_args(tmp_path, "--max_steps", "1")
+    args[args.index("--vocab_file") + 1] = str(tmp_path / "vocab.txt")
+    result = runner.invoke(app, ["pretrain", *args])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr == (f"Error: {tmp_path / 'vocab.txt'} is not UTF-8 text (invalid start byte at byte 20): a "
+                             "vocabulary is one UTF-8 word per line\n")
+
+
 def test_the_trained_directory_is_pushed_with_its_vocabulary_and_evaluated_from_the_hub(
     toy_lm, fake_hub: FakeHub, tmp_path, one_thread
 ):

@@ -90,11 +90,12 @@ class WordVocabulary:
     def load(cls, path: str | os.PathLike) -> WordVocabulary:
         """Read a file of one word per line (bilm-tf's format); blank lines are ignored."""
         try:
-            with open(path, encoding="utf-8") as file:
-                return cls([line.strip() for line in file if line.strip()])
+            text = Path(path).read_bytes().decode("utf-8")
         except UnicodeDecodeError as error:
             raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): a vocabulary is one "
                              "UTF-8 word per line") from None
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as text files read lines
+        return cls([line.strip() for line in lines if line.strip()])
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write `vocab.txt` into a model directory."""
