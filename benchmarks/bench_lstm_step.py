@@ -44,9 +44,12 @@ def step_timings(layer: ElmoLstmLayer, rows: int, bf16: bool, options: ElmoKerne
             (layer.input_weight, layer.recurrent_weight, layer.projection_weight), h[:, :, None], options,
             ElmoInferenceCache(token_cache_size=0)) or (None, None, None)
 
+        def project(cells: torch.Tensor) -> torch.Tensor:
+            return both_directions(cells, layer.projection_weight, packed_projection, options)
+
         def step() -> None:
             gates = both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)
-            layer._cell(gates, c, options, packed_projection)
+            layer.cell(gates, c, project)
 
         def matmuls() -> None:
             both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)

@@ -15,7 +15,6 @@ import json
 import os
 import stat
 import sys
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
@@ -29,10 +28,10 @@ from numpy.lib import format as npy_format
 from tqdm import tqdm
 
 from .convert import require_h5py
-from .kernels import ElmoInferenceCache, native_bf16_cpu
+from .kernels import ElmoInferenceCache
 from .loading import DEFAULT_MODEL_NAME, load_model, load_tokenizer
-from .modeling_elmo import ElmoModel, ElmoScalarMix, remove_sentence_boundaries
-from .text import length_batches, read_lines, split_into_words
+from .modeling_elmo import ElmoModel, ElmoScalarMix
+from .text import ElmoBatch, length_batches, read_lines, split_into_words
 from .tokenization_elmo import ElmoCharTokenizer
 
 LAYER_MODES = ("all", "top", "average", "mix")
@@ -173,9 +172,6 @@ class ElmoEmbedder:
         # Token representations of the 20,000 most recently seen words and the packed LSTM weights, across calls.
         self.inference_cache = ElmoInferenceCache()
         self.bf16 = bf16
-        if bf16 and self.device.type == "cpu" and not native_bf16_cpu():
-            warnings.warn("bf16 was asked for, but this CPU has no native bf16 (AVX512-BF16 or AMX): it is emulated, "
-                          "usually slower than float32 (the default, exact)", stacklevel=2)
         self._set_layers(layers, scalar_parameters, gamma)
 
     def _set_layers(self, layers: str, scalar_parameters: Sequence[float] | None = None, gamma: float = 1.0) -> None:
@@ -205,25 +201,20 @@ class ElmoEmbedder:
             variant.batch_size = batch_size
         return variant
 
-    def _layers(self, sentences: Sequence[Sequence[str]]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def _layers(self, sentences: Sequence[Sequence[str]]) -> tuple[tuple[torch.Tensor, ...], ElmoBatch]:
         """One forward pass: the biLM layers, each (batch, positions, width) with the `<S>`/`</S>` rows, and the
-        mask (batch, positions), on the model's device."""
-        encoded = self.tokenizer(
-            [list(words) for words in sentences], is_split_into_words=True, padding=True, return_tensors="pt"
-        )
-        mask = encoded["attention_mask"].to(self.device)
-        input_ids = encoded["input_ids"].to(self.device)
+        batch they were computed from, on the model's device."""
+        batch = self.tokenizer.batch([list(words) for words in sentences]).to(self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            layers = self.model(input_ids, mask, inference_cache=self.inference_cache).hidden_states
-        return tuple(layer.float() for layer in layers), mask
+            layers = self.model(**batch, inference_cache=self.inference_cache).hidden_states
+        return tuple(layer.float() for layer in layers), batch
 
     @torch.inference_mode()
     def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """AllenNLP's `batch_to_embeddings`: all layers `(batch, n_layers + 1, words, width)` and the word mask
         `(batch, words)`, sentence boundaries removed, on the model's device."""
-        hidden_states, mask = self._layers(batch)
-        without_boundaries = [remove_sentence_boundaries(layer, mask) for layer in hidden_states]
-        return torch.stack([layer for layer, _ in without_boundaries], dim=1), without_boundaries[0][1]
+        hidden_states, elmo_batch = self._layers(batch)
+        return torch.stack([elmo_batch.strip(layer) for layer in hidden_states], dim=1), elmo_batch.words_mask
 
     def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
         """One sentence: `(layers, words, width)` with `layers="all"`, else `(words, width)`."""

@@ -2,9 +2,7 @@
 
 Uploads go through `push_directory` (create the repo, upload a directory in one commit): `push_to_hub` (a model,
 its tokenizer and card) and `elmo pretrain --push_to_hub` (a trained directory, without its checkpoints) use it.
-transformers' own `model.push_to_hub(repo_id)` on an `ElmoModel` / `ElmoForBidirectionalLM` keeps its semantics and
-then gets the card of `build_model_card` through `replace_generic_model_card` (see
-`ElmoPreTrainedModel.push_to_hub`).
+transformers' own `model.push_to_hub(repo_id)` works as for any model, with transformers' template card.
 """
 
 from __future__ import annotations
@@ -102,8 +100,6 @@ gives `ElmoForBidirectionalLM`, whose `forward_logits` / `backward_logits` score
 """
 
 _SOURCE_SECTION = re.compile(r"^## Source of the weights[ \t]*\n(.*?)(?=^## |\Z)", re.DOTALL | re.MULTILINE)
-# The description of the template card `PreTrainedModel.push_to_hub` writes into a repo that has none.
-_GENERIC_CARD_SENTENCE = "This model card has been automatically generated."
 RANDOM_WEIGHTS_SOURCE = "Randomly initialised weights: this model has not been trained."
 
 
@@ -209,36 +205,6 @@ def weights_source(model: torch.nn.Module) -> str:
     return f"The weights of the Hub model `{origin}` (see its model card)."
 
 
-def is_generic_card(card_text: str) -> bool:
-    """True for the template card `transformers`' `push_to_hub` writes into a repo that has none."""
-    return _GENERIC_CARD_SENTENCE in card_text
-
-
-def replace_generic_model_card(
-    model: torch.nn.Module, commit: CommitInfo, revision: str | None = None, token: str | bool | None = None
-) -> CommitInfo | None:
-    """After `model.push_to_hub`: replace a template card at `commit` with the card of `model`.
-
-    `transformers` writes its template card when the repo had no README.md (or keeps one a tokenizer push
-    made); a card written by hand or by this module is kept. The new card keeps the template's tags and goes to
-    the same branch (`revision`) or pull request. Returns the card's commit, or None when nothing changed.
-    """
-    api = HfApi()
-    repo_id = commit.repo_url.repo_id
-    current = Path(api.hf_hub_download(repo_id, "README.md", revision=commit.oid, token=token)).read_text("utf-8")
-    if not is_generic_card(current):
-        return None
-    card = model_card(model, repo_id, tags=ModelCard(current).data.tags)
-    return api.upload_file(
-        path_or_fileobj=str(card).encode(),
-        path_in_repo="README.md",
-        repo_id=repo_id,
-        token=token,
-        revision=commit.pr_revision or revision,
-        commit_message="Add the ELMo model card",
-    )
-
-
 def export_encoder(
     trained_dir: str | os.PathLike, output_dir: str | os.PathLike, note: str | None = None, remote_code: bool = True
 ) -> Path:
@@ -289,11 +255,13 @@ def push_to_hub(
     repo_id: str,
     source: str | None = None,
     *,
+    tags: list[str] | None = None,
     private: bool | None = None,
     token: str | bool | None = None,
     commit_message: str = "Upload ELMo model, tokenizer and model card",
 ) -> CommitInfo:
-    """Upload `model`, its tokenizer and its card (with `source`, default `weights_source`) in one commit.
+    """Upload `model`, its tokenizer and its card (with `source`, default `weights_source`, and `tags` added to the
+    card's own) in one commit.
 
     Creates the repo if needed. The card replaces any README.md already in the repo. Without `tokenizer`, the
     `ElmoCharTokenizer` matching the model's config is uploaded.
@@ -304,7 +272,7 @@ def push_to_hub(
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
-        model_card(model, repo_id, source).save(Path(folder) / "README.md")
+        model_card(model, repo_id, source, tags).save(Path(folder) / "README.md")
         return push_directory(folder, repo_id, commit_message=commit_message, token=token)
 
 

@@ -1,16 +1,21 @@
 """How the biLM's arithmetic runs on each device, apart from what it computes (`modeling_elmo.py`).
 
-- `ElmoKernelOptions`: the kernel choices of one model (`ElmoModel.kernel_options`), one frozen object.
-- `linear`: float32 matmuls on CPU through oneDNN where this torch build has its linear ops, else `F.linear`; bf16
-  ones with weights packed by `pack_weight` (the opt-in bf16 mode: inference under CPU bf16 autocast).
-- `both_directions`: one LSTM step's matmul for the forward and backward LM at once.
-- `fused_lstm`: an LSTM layer through `nn.LSTM(proj_size)` (cuDNN on a GPU).
-- `unique_rows`: the distinct words of a batch (rows of character ids).
-- `ElmoInferenceCache`: what inference may keep between calls (token representations of frequent words, LSTM
-  weights packed for oneDNN), explicit and thread-safe; the modules themselves hold no state but their weights.
+A forward pass of `ElmoModel` makes one `ElmoKernels` from the model's `ElmoKernelOptions`, its inputs and the
+caller's `ElmoInferenceCache`, and asks it for every piece of arithmetic that has faster forms than its definition:
 
-None of these changes the function computed beyond float32 rounding, except `fused_lstm` on a model that clips
-(opt-in: `fused_lstm="always"`) and the bf16 mode (opt-in: the caller's `torch.autocast`).
+- `ElmoKernels.linear`: float32 matmuls on CPU through oneDNN where this torch build has its linear ops, else
+  `F.linear`; in the opt-in bf16 mode (inference under CPU bf16 autocast) with weights packed in bf16 once.
+- `ElmoKernels.token_representations`: the char CNN over each distinct word of the batch once (or from the cache),
+  the words grouped by length so that short words do not pay for long ones.
+- `ElmoKernels.lstm`: one biLSTM layer through one of three recurrences, chosen once per call: the step loop over
+  the rows still active (`both_directions` per step, its weights packed for oneDNN or transposed), `nn.LSTM`
+  (cuDNN on a GPU, its weights kept in cuDNN's flat layout by the cache) or, for compilers and `torch.export`,
+  every row at every step under a mask.
+
+`ElmoInferenceCache` holds what inference may keep between calls (token representations of frequent words, packed,
+transposed and flat copies of the weights), explicit and thread-safe; the modules themselves hold no state but
+their weights. None of this changes the function computed beyond float32 rounding, except the fused LSTM on a
+model that clips (opt-in: `fused_lstm="always"`) and the bf16 mode (opt-in: the caller's `torch.autocast`).
 """
 
 from __future__ import annotations
@@ -268,48 +273,245 @@ def both_directions(
     return torch.baddbmm(torch.stack(add), x, transposed)
 
 
-def fused_lstm(
-    inputs: torch.Tensor,
-    lengths: list[int],
-    state: tuple[torch.Tensor, torch.Tensor],
-    input_weight: torch.Tensor,
-    recurrent_weight: torch.Tensor,
-    bias: torch.Tensor,
-    projection_weight: torch.Tensor | None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """One biLM LSTM layer (`ElmoLstmLayer.forward`'s arguments and results) through `nn.LSTM(proj_size=P)`, one
-    call per direction over packed sequences; `lengths` (batch,) in decreasing order; weights as the layer stores
-    them (gates i, j, f, o), `bias` (2, 4D) with the forget bias added. No cell or projection clipping."""
-    _, batch, steps, input_dim = inputs.shape
-    cell, hidden = recurrent_weight.shape[1] // 4, recurrent_weight.shape[2]
-    started = sum(1 for n in lengths if n > 0)  # nn.LSTM takes no empty rows: they keep zeros and their state
-    if started == 0:
-        return inputs.new_zeros(2, batch, steps, hidden), state
-    # TensorFlow's gate order (i, j, f, o) → PyTorch's (i, f, g, o).
-    gates = torch.arange(4 * cell, device=inputs.device).view(4, cell)[[0, 2, 1, 3]].flatten()
-    lstm = nn.LSTM(input_dim, cell, proj_size=hidden if projection_weight is not None else 0,
+def _meta_lstm(layer: nn.Module) -> nn.LSTM:
+    """An `nn.LSTM` (one direction, batch first) of the sizes of an `ElmoLstmLayer`, on the meta device."""
+    cell, hidden = layer.recurrent_weight.shape[1] // 4, layer.recurrent_weight.shape[2]
+    return nn.LSTM(layer.input_weight.shape[-1], cell, proj_size=hidden if layer.projection_weight is not None else 0,
                    batch_first=True, device="meta")
-    outputs, final_h, final_c = [], [], []
+
+
+def fused_lstm_weights(layer: nn.Module) -> list[dict[str, torch.Tensor]]:
+    """Per direction, the parameters of the `nn.LSTM(proj_size=P)` that computes an `ElmoLstmLayer` without its
+    clipping: its gates reordered from TensorFlow's (i, j, f, o) to PyTorch's (i, f, g, o), the forget bias added;
+    differentiable functions of the layer's weights."""
+    cell = layer.recurrent_weight.shape[1] // 4
+    gates = torch.arange(4 * cell, device=layer.input_weight.device).view(4, cell)[[0, 2, 1, 3]].flatten()
+    bias = layer.bias_with_forget_bias()
+    states = []
     for d in range(2):
-        weights = {
-            "weight_ih_l0": input_weight[d][gates],
-            "weight_hh_l0": recurrent_weight[d][gates],
-            "bias_ih_l0": bias[d][gates],
-            "bias_hh_l0": torch.zeros_like(bias[d]),
-        }
-        if projection_weight is not None:
-            weights["weight_hr_l0"] = projection_weight[d]
-        packed = nn.utils.rnn.pack_padded_sequence(inputs[d, :started], torch.tensor(lengths[:started]),
-                                                   batch_first=True)
-        initial = (state[0][d : d + 1, :started].contiguous(), state[1][d : d + 1, :started].contiguous())
-        with warnings.catch_warnings():  # weights gathered per call (gate order): cuDNN cannot keep them flat
-            warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
-            output, (h, c) = torch.func.functional_call(lstm, weights, (packed, initial))
-        output, _ = nn.utils.rnn.pad_packed_sequence(output, batch_first=True, total_length=steps)
-        outputs.append(F.pad(output, (0, 0, 0, 0, 0, batch - started)))
-        final_h.append(torch.cat([h[0], state[0][d, started:]]))
-        final_c.append(torch.cat([c[0], state[1][d, started:]]))
-    return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
+        state = {"weight_ih_l0": layer.input_weight[d][gates], "weight_hh_l0": layer.recurrent_weight[d][gates],
+                 "bias_ih_l0": bias[d][gates], "bias_hh_l0": torch.zeros_like(bias[d])}
+        if layer.projection_weight is not None:
+            state["weight_hr_l0"] = layer.projection_weight[d]
+        states.append(state)
+    return states
+
+
+def _used_positions(char_ids: torch.Tensor, widest_filter: int, padding_id: int) -> torch.Tensor:
+    """(words, chars) ids → (words,): how many leading character positions of each word the max-pool needs.
+
+    Beyond a word's last non-padding character every window is all padding, and all such windows of a width give the
+    same value; keeping `widest_filter` padding positions keeps one of them, so the pooled maximum (and its gradient)
+    is the one over all positions.
+    """
+    chars = char_ids.shape[1]
+    used = char_ids != padding_id
+    last = torch.where(used.any(dim=1), chars - 1 - used.flip(1).int().argmax(dim=1), -1)
+    return (last + 1 + widest_filter).clamp(max=chars)
+
+
+class ElmoKernels:
+    """How one forward pass of a biLM runs, decided when it starts from the model's `options`, its `inputs` (their
+    device; whether a compiler traces the call; the autocast in force) and the caller's `inference_cache`, which it
+    reads and fills. The blocks of `modeling_elmo.py` define the function; they call these for its arithmetic.
+
+    `clipped`: whether the biLSTM clips cells or projections (then `nn.LSTM` is not the same function, and is used
+    only with `fused_lstm="always"`). `recurrence` is the LSTM loop chosen: `"steps"` (the step loop over the active
+    rows), `"fused"` (`nn.LSTM`, cuDNN on a GPU) or `"masked"` (every row at every step, for compilers).
+    """
+
+    def __init__(
+        self,
+        options: ElmoKernelOptions,
+        inputs: torch.Tensor,
+        inference_cache: ElmoInferenceCache | None = None,
+        clipped: bool = False,
+    ):
+        self.options = options
+        self.cache = inference_cache
+        self.traced = torch.compiler.is_compiling()
+        if self.traced:
+            self.recurrence = "masked"
+        else:
+            self.recurrence = "fused" if options.uses_fused_lstm(inputs, clipped) else "steps"
+            if (inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+                    and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not native_bf16_cpu()):
+                warnings.warn("the biLM runs in bf16 (CPU bf16 autocast), but this CPU has no native bf16 "
+                              "(AVX512-BF16 or AMX): it is emulated, usually slower than float32", stacklevel=3)
+
+    # -- linear layers -------------------------------------------------------------------------------------------
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: bool = True
+    ) -> torch.Tensor:
+        """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N). In the bf16 mode a `packed` weight (one of the
+        model's parameters, not a view made per call) is read from a bf16 copy the cache packs once."""
+        return linear(x, packed_linear_weight(weight, x, self.cache) if packed else weight, bias, self.options)
+
+    # -- the char CNN --------------------------------------------------------------------------------------------
+    def token_representations(self, char_cnn: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`char_cnn` (an `ElmoCharCNN`) on (batch, positions, chars) ids and their (batch, positions) mask →
+        (batch, positions, output_dim), zeros at padding.
+
+        Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
+        needed). Traced, every position goes through it: the same values, without shapes that depend on the data.
+        """
+        if self.traced:
+            words = input_ids.flatten(0, 1)
+            embedded = char_cnn.project(char_cnn.convolve(words, self), self).view(*input_ids.shape[:2], -1)
+            return embedded * mask[..., None]
+        words, inverse = unique_rows(input_ids[mask])
+        needs_grad = torch.is_grad_enabled() and char_cnn.char_embedding.weight.requires_grad
+        if self.cache is not None and not needs_grad:
+            embedded = self.cache.token_representations(
+                words, list(char_cnn.parameters()), lambda ids: self.embed_words(char_cnn, ids)
+            )
+        else:
+            embedded = self.embed_words(char_cnn, words)
+        output = embedded.new_zeros(*input_ids.shape[:2], char_cnn.output_dim)
+        return output.index_put((mask,), embedded[inverse])
+
+    def embed_words(self, char_cnn: nn.Module, char_ids: torch.Tensor) -> torch.Tensor:
+        """(words, chars) ids → (words, output_dim), in chunks of `options.char_cnn_chunk` words.
+
+        Words are taken shortest first, and the convolutions of a chunk run per group of words of similar length,
+        each cut after the character positions its longest word uses: short words do not pay for the long ones. A
+        group closes where the length grows once it holds a 32nd of a chunk (fewer, larger matmuls).
+        """
+        if not len(char_ids):
+            return char_cnn.char_embedding.weight.new_zeros(0, char_cnn.output_dim)
+        chunk = self.options.char_cnn_chunk
+        used = _used_positions(char_ids, char_cnn.widest_filter, char_cnn.padding_char_id)
+        group = chunk // 32  # the words a group holds before it may close
+        if len(char_ids) <= group:  # one group (e.g. one sentence): nothing to sort
+            return char_cnn.project(char_cnn.convolve(char_ids[:, : int(used.max())], self), self)
+        used, order = used.sort(stable=True)
+        char_ids, representations = char_ids[order], []
+        for chunk_start in range(0, len(used), chunk):
+            # Runs of words of one length, in increasing length (a few dozen at most, whatever the chunk size).
+            widths, counts = torch.unique_consecutive(used[chunk_start : chunk_start + chunk], return_counts=True)
+            start, end, pooled = chunk_start, chunk_start, []
+            for run, (width, count) in enumerate(zip(widths.tolist(), counts.tolist())):
+                end += count
+                if end - start >= group or run == len(widths) - 1:
+                    pooled.append(char_cnn.convolve(char_ids[start:end, :width], self))
+                    start = end
+            representations.append(char_cnn.project(torch.cat(pooled), self))
+        return torch.cat(representations)[order.argsort()]
+
+    # -- the biLSTM ----------------------------------------------------------------------------------------------
+    def lstm(
+        self,
+        layer: nn.Module,
+        inputs: torch.Tensor,
+        mask: torch.Tensor,
+        lengths: Sequence[int] | None,
+        state: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Both directions of `layer` (an `ElmoLstmLayer`) over `inputs` (2, batch, steps, input_dim) in processing
+        order, rows sorted by decreasing length (`lengths` on the host, None when traced; `mask` (batch, steps)).
+        `state` = (h (2, batch, P), c (2, batch, D)). Returns the outputs (2, batch, steps, P), zeros where padded,
+        and each row's state after its last step."""
+        if self.recurrence == "masked":
+            return self._masked_recurrence(layer, inputs, mask, state)
+        if self.recurrence == "fused":
+            return self._fused_recurrence(layer, inputs, lengths, state)
+        return self._step_recurrence(layer, inputs, lengths, state)
+
+    def _step_recurrence(
+        self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The step loop: at step t only the `batch_sizes[t]` rows still active are computed (rows are sorted)."""
+        options = self.options
+        _, batch, steps, _ = inputs.shape
+        batch_sizes = [sum(1 for n in lengths if n > t) for t in range(steps)]
+        started = batch_sizes[0] if steps else 0  # rows with at least one position
+        h, c = state[0][:, :started], state[1][:, :started]
+        packed_input, packed_recurrent, packed_projection = packed_lstm_weights(
+            (layer.input_weight, layer.recurrent_weight, layer.projection_weight), inputs, options, self.cache
+        ) or (None, None, None)
+        bias = layer.bias_with_forget_bias()
+
+        def project(h: torch.Tensor) -> torch.Tensor:
+            return both_directions(h, layer.projection_weight, packed_projection, options)
+
+        outputs, finished_h, finished_c = [], [], []
+        for start in range(0, steps, options.lstm_time_chunk):
+            active = batch_sizes[start]
+            if active == 0:
+                break
+            window = inputs[:, :active, start : start + options.lstm_time_chunk]
+            # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
+            input_weight = packed_input or layer.input_weight
+            projected = [linear(window[d], input_weight[d], bias[d], options).unbind(1) for d in range(2)]
+            for offset in range(window.shape[2]):
+                n = batch_sizes[start + offset]
+                if n == 0:
+                    break
+                if n < h.shape[1]:  # rows n.. ended at the previous step: keep their final state
+                    finished_h.append(h[:, n:])
+                    finished_c.append(c[:, n:])
+                    h, c = h[:, :n], c[:, :n]
+                step_input = [projected[d][offset][:n] for d in range(2)]
+                # Gate pre-activations (2, n, 4D).
+                gates = both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)
+                h, c = layer.cell(gates, c, project)
+                outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
+        if not outputs:
+            return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
+        # Rows are sorted by length: those still active come first, then those that ended latest.
+        final_h = torch.cat([h, *reversed(finished_h), state[0][:, started:]], dim=1)
+        final_c = torch.cat([c, *reversed(finished_c), state[1][:, started:]], dim=1)
+        output = torch.stack(outputs, dim=2)
+        if output.shape[2] < steps:
+            output = F.pad(output, (0, 0, 0, steps - output.shape[2]))
+        return output, (final_h, final_c)
+
+    def _masked_recurrence(
+        self, layer: nn.Module, inputs: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Every row at every step, its state kept where `mask` is False: no shapes or branches that depend on the
+        data, for `torch.compile` and `torch.export` (the recurrence is unrolled over the steps)."""
+        bias = layer.bias_with_forget_bias()
+        projected = torch.matmul(inputs, layer.input_weight.transpose(1, 2)[:, None]) + bias[:, None, None]
+        h, c = state
+        outputs = []
+        for step in range(inputs.shape[2]):
+            gates = torch.baddbmm(projected[:, :, step], h, layer.recurrent_weight.transpose(1, 2))
+            new_h, new_c = layer.cell(gates, c)
+            active = mask[:, step, None]  # (batch, 1)
+            h, c = torch.where(active, new_h, h), torch.where(active, new_c, c)
+            outputs.append(new_h * active)
+        return torch.stack(outputs, dim=2), (h, c)
+
+    def _fused_recurrence(
+        self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """`nn.LSTM(proj_size=P)` per direction over packed sequences (cuDNN on a GPU), without cell or projection
+        clipping. Without gradients for the weights, the cache keeps each direction's `nn.LSTM` with its weights
+        flat in cuDNN's layout; with them, the weights are gathered into its layout at every call."""
+        _, batch, steps, _ = inputs.shape
+        started = sum(1 for n in lengths if n > 0)  # nn.LSTM takes no empty rows: they keep zeros and their state
+        if started == 0:
+            return inputs.new_zeros(2, batch, steps, layer.recurrent_weight.shape[2]), state
+        weights_need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
+        lstms = self.cache.fused_lstms(layer) if self.cache is not None and not weights_need_grad else None
+        gathered = None if lstms is not None else fused_lstm_weights(layer)
+        row_lengths = torch.tensor(lengths[:started])
+        outputs, final_h, final_c = [], [], []
+        for d in range(2):
+            packed = nn.utils.rnn.pack_padded_sequence(inputs[d, :started], row_lengths, batch_first=True)
+            initial = (state[0][d : d + 1, :started].contiguous(), state[1][d : d + 1, :started].contiguous())
+            if lstms is not None:
+                output, (h, c) = lstms[d](packed, initial)
+            else:
+                with warnings.catch_warnings():  # gathered at each call (gate order): they cannot be flat
+                    warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
+                    output, (h, c) = torch.func.functional_call(_meta_lstm(layer), gathered[d], (packed, initial))
+            output, _ = nn.utils.rnn.pad_packed_sequence(output, batch_first=True, total_length=steps)
+            outputs.append(F.pad(output, (0, 0, 0, 0, 0, batch - started)))
+            final_h.append(torch.cat([h[0], state[0][d, started:]]))
+            final_c.append(torch.cat([c[0], state[1][d, started:]]))
+        return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
 
 
 def unique_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -406,7 +608,7 @@ class ElmoInferenceCache:
         `dtype` (`pack_weight`); None where a weight is absent."""
         return [
             None if weight is None else self._derived(
-                weight, dtype, lambda w: [pack_weight(m, dtype) for m in (w.unbind() if w.dim() == 3 else [w])]
+                [weight], dtype, lambda w: [pack_weight(m, dtype) for m in (w.unbind() if w.dim() == 3 else [w])]
             )
             for weight in weights
         ]
@@ -414,18 +616,36 @@ class ElmoInferenceCache:
     def transposed_weights(self, weights: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Each (2, N, K) weight as a contiguous (2, K, N) copy, for `both_directions`' batched matmul."""
         return [
-            None if weight is None else self._derived(weight, "transposed", lambda w: w.detach().mT.contiguous())
+            None if weight is None else self._derived([weight], "transposed", lambda w: w.detach().mT.contiguous())
             for weight in weights
         ]
 
-    def _derived(self, weight: torch.Tensor, form: object, make: Callable[[torch.Tensor], object]) -> object:
-        """`make(weight)`, made once per weight and `form` and again when the weight changes."""
-        state = _weights_state([weight])
-        key = (id(weight), form)
+    def fused_lstms(self, layer: nn.Module) -> list[nn.LSTM]:
+        """The `nn.LSTM` of each direction of an `ElmoLstmLayer` (`fused_lstm_weights`), its weights in one
+        contiguous block in cuDNN's layout (`flatten_parameters`): made once, remade when a weight changes."""
+        weights = [layer.input_weight, layer.recurrent_weight, layer.bias, layer.projection_weight]
+
+        def make(_) -> list[nn.LSTM]:
+            lstms = []
+            with torch.no_grad():
+                for state in fused_lstm_weights(layer):
+                    lstm = _meta_lstm(layer).to_empty(device=layer.input_weight.device)
+                    lstm = lstm.to(layer.input_weight.dtype).requires_grad_(False)
+                    lstm.load_state_dict(state)
+                    lstm.flatten_parameters()
+                    lstms.append(lstm)
+            return lstms
+
+        return self._derived([w for w in weights if w is not None], "fused", make)
+
+    def _derived(self, weights: Sequence[torch.Tensor], form: object, make: Callable[[torch.Tensor], object]) -> object:
+        """`make(weights[0])`, made once per weight and `form` and again when any of `weights` changes."""
+        state = _weights_state(weights)
+        key = (id(weights[0]), form)
         with self._lock:
             entry = self._packed.get(key)
-        if entry is None or entry[0]() is not weight or entry[1] != state:
-            entry = (weakref.ref(weight), state, make(weight))
+        if entry is None or entry[0]() is not weights[0] or entry[1] != state:
+            entry = (weakref.ref(weights[0]), state, make(weights[0]))
             with self._lock:
                 self._packed[key] = entry
         return entry[2]

@@ -6,6 +6,9 @@ max-pooling, highway layers, projection) → token representation (batch, positi
 `n_layers + 1` layers of (batch, positions, 2P): the token representation duplicated, then each biLSTM layer
 as [forward; backward]. `ElmoScalarMix` combines them into one task-specific representation.
 
+The blocks say what is computed; how (oneDNN or cuDNN kernels, the char CNN over distinct words, the LSTM loops,
+caches) is `kernels.ElmoKernels`, chosen once per forward pass of `ElmoModel`.
+
 Every sentence starts from the zero state unless `initial_state` is given, so a sentence's vectors do not
 depend on the other rows of its batch. `final_state` + `initial_state` reproduce the original stateful biLM.
 """
@@ -13,7 +16,7 @@ depend on the other rows of its batch. `final_state` + `initial_state` reproduce
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -26,16 +29,8 @@ from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassif
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_elmo import ElmoConfig
-from .kernels import (
-    ElmoInferenceCache,
-    ElmoKernelOptions,
-    both_directions,
-    fused_lstm,
-    linear,
-    packed_linear_weight,
-    packed_lstm_weights,
-    unique_rows,
-)
+from .kernels import ElmoInferenceCache, ElmoKernelOptions, ElmoKernels
+from .text import remove_sentence_boundaries
 
 # TensorFlow's LSTMCell adds this to the forget gate at run time; it is not part of the stored bias.
 FORGET_BIAS = 1.0
@@ -57,11 +52,14 @@ class ElmoModelOutput(ModelOutput):
             Padded positions are zeros.
         final_state (`ElmoState`, returned with `return_state=True`): per row, the forward state after its last
             position and the backward state after its first position; pass it as `initial_state` to continue.
+        attention_mask (`torch.BoolTensor` of shape `(batch, positions)`): the real positions the layers were
+            computed for (the heads read it rather than deriving it again).
     """
 
     last_hidden_state: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     final_state: ElmoState | None = None
+    attention_mask: torch.BoolTensor | None = None
 
 
 @dataclass
@@ -81,13 +79,30 @@ class ElmoBidirectionalLMOutput(ModelOutput):
     final_state: ElmoState | None = None
 
 
-class ElmoLinear(nn.Linear):
-    """`nn.Linear` computed by `kernels.linear`; in the bf16 mode its weight packed once by `inference_cache`."""
+@dataclass
+class ElmoRepresentations(ModelOutput):
+    """
+    Args:
+        representations (`tuple(torch.FloatTensor)`): one mix per requested representation, each
+            (batch, words, 2 * projection_dim), sentence boundaries removed unless kept.
+        mask (`torch.BoolTensor` of shape `(batch, words)`): real positions.
+        hidden_states: the biLM layers the mixes were computed from (same positions as `mask`).
+    """
 
-    def forward(
-        self, x: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
-    ) -> torch.Tensor:
-        return linear(x, packed_linear_weight(self.weight, x, inference_cache), self.bias, options)
+    representations: tuple[torch.FloatTensor, ...] | None = None
+    mask: torch.BoolTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+# -- the char CNN ------------------------------------------------------------------------------------------------
+
+
+class ElmoLinear(nn.Linear):
+    """`nn.Linear` whose matmul `kernels` run (oneDNN; a bf16 copy packed once in the bf16 mode)."""
+
+    def forward(self, x: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
+        """(..., in_features) → (..., out_features)"""
+        return F.linear(x, self.weight, self.bias) if kernels is None else kernels.linear(x, self.weight, self.bias)
 
 
 class ElmoHighwayLayer(ElmoLinear):
@@ -105,19 +120,19 @@ class ElmoHighway(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ElmoHighwayLayer(dim, 2 * dim) for _ in range(n_layers))
 
-    def forward(
-        self, x: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
         """(words, F) → (words, F)"""
         for layer in self.layers:
-            transform, carry = layer(x, options, inference_cache).chunk(2, dim=-1)
+            transform, carry = layer(x, kernels).chunk(2, dim=-1)
             gate = torch.sigmoid(carry)
             x = gate * F.relu(transform) + (1 - gate) * x
         return x
 
 
 class ElmoCharCNN(nn.Module):
-    """Context-independent token representation from character ids."""
+    """The context-independent token representation: each word's characters embedded, convolved by filter banks of
+    several widths, max-pooled over positions and activated (`convolve`), then highway layers and a projection to the
+    LSTM input width (`project`)."""
 
     def __init__(self, config: ElmoConfig):
         super().__init__()
@@ -126,6 +141,7 @@ class ElmoCharCNN(nn.Module):
             nn.Conv1d(config.char_embedding_dim, n_filters, kernel_size=width) for width, n_filters in config.filters
         )
         self.widest_filter = max(width for width, _ in config.filters)
+        self.padding_char_id = PADDING_CHAR_ID
         self.activation = torch.tanh if config.activation == "tanh" else F.relu
         self.highway = ElmoHighway(config.n_filters, config.n_highway)
         # bilm-tf projects only when the CNN width differs from the LSTM input width.
@@ -134,7 +150,7 @@ class ElmoCharCNN(nn.Module):
         )
         self.output_dim = config.projection_dim
 
-    def _pooled(self, char_ids: torch.Tensor, options: ElmoKernelOptions) -> torch.Tensor:
+    def convolve(self, char_ids: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
         """(words, chars) character ids → (words, n_filters): every filter bank convolved, max-pooled, activated."""
         chars = self.char_embedding(char_ids)  # (words, chars, char_dim)
         pooled = []
@@ -142,93 +158,26 @@ class ElmoCharCNN(nn.Module):
             # The convolution as one matmul of every window (words, windows, char_dim * width) with the filters
             # (n_filters, char_dim * width), the layout of Conv1d's weight; 2-3x faster than Conv1d on CPU.
             windows = chars.unfold(1, conv.kernel_size[0], 1).flatten(2)
+            filters = conv.weight.flatten(1)
+            scores = F.linear(windows, filters) if kernels is None else kernels.linear(windows, filters, packed=False)
             # Max-pool over positions, then the bias and the activation (the original adds the bias before the
             # pool: the same maximum, as rounding is monotonic, without a bias copy per window).
-            pooled.append(self.activation(linear(windows, conv.weight.flatten(1), None, options).amax(dim=1)
-                                          + conv.bias))
+            pooled.append(self.activation(scores.amax(dim=1) + conv.bias))
         return torch.cat(pooled, dim=-1)
 
-    def token_representation(
-        self, char_ids: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
-    ) -> torch.Tensor:
-        """(words, chars) character ids → (words, projection_dim): the paper's char CNN, highway and projection."""
-        return self._highway_projection(self._pooled(char_ids, options), options, inference_cache)
+    def project(self, pooled: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
+        """(words, n_filters) pooled filters → (words, projection_dim): highway layers, then the projection."""
+        highway = self.highway(pooled, kernels)
+        return highway if self.projection is None else self.projection(highway, kernels)
 
-    def _highway_projection(
-        self, pooled: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None
-    ) -> torch.Tensor:
-        """(words, n_filters) pooled filters → (words, projection_dim)."""
-        highway = self.highway(pooled, options, inference_cache)
-        return highway if self.projection is None else self.projection(highway, options, inference_cache)
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, kernels: ElmoKernels) -> torch.Tensor:
+        """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim):
+        `project(convolve(word))` for every real position, zeros at padding (each distinct word computed once:
+        `ElmoKernels.token_representations`)."""
+        return kernels.token_representations(self, input_ids, mask)
 
-    def embed_words(
-        self, char_ids: torch.Tensor, options: ElmoKernelOptions, inference_cache: ElmoInferenceCache | None = None
-    ) -> torch.Tensor:
-        """(words, chars) character ids → (words, projection_dim), in chunks of `options.char_cnn_chunk` words.
 
-        Words are taken shortest first, and the convolutions of a chunk run per group of words of similar length,
-        each cut after the character positions its longest word uses: short words do not pay for the long ones.
-        A group closes where the length grows once it holds a 32nd of a chunk (fewer, larger matmuls).
-        In the bf16 mode `inference_cache` keeps the highway and projection weights packed in bf16 between calls.
-        """
-        if not len(char_ids):
-            return self.char_embedding.weight.new_zeros(0, self.output_dim)
-        chunk, used = options.char_cnn_chunk, self._used_positions(char_ids)
-        group = chunk // 32  # the words a group holds before it may close
-        if len(char_ids) <= group:  # one group (e.g. one sentence): nothing to sort
-            return self.token_representation(char_ids[:, : int(used.max())], options, inference_cache)
-        used, order = used.sort(stable=True)
-        char_ids, representations = char_ids[order], []
-        for chunk_start in range(0, len(used), chunk):
-            # Runs of words of one length, in increasing length (a few dozen at most, whatever the chunk size).
-            widths, counts = torch.unique_consecutive(used[chunk_start : chunk_start + chunk], return_counts=True)
-            start, end, pooled = chunk_start, chunk_start, []
-            for run, (width, count) in enumerate(zip(widths.tolist(), counts.tolist())):
-                end += count
-                if end - start >= group or run == len(widths) - 1:
-                    pooled.append(self._pooled(char_ids[start:end, :width], options))
-                    start = end
-            representations.append(self._highway_projection(torch.cat(pooled), options, inference_cache))
-        return torch.cat(representations)[order.argsort()]
-
-    def _used_positions(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """(words, chars) ids → (words,): how many leading character positions of each word the max-pool needs.
-
-        Beyond a word's last non-padding character every window is all padding, and all such windows of a width
-        give the same value; keeping `widest filter` padding positions keeps one of them, so the pooled maximum
-        (and its gradient) is the one over all positions.
-        """
-        chars = char_ids.shape[1]
-        used = char_ids != PADDING_CHAR_ID
-        last = torch.where(used.any(dim=1), chars - 1 - used.flip(1).int().argmax(dim=1), -1)
-        return (last + 1 + self.widest_filter).clamp(max=chars)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        mask: torch.Tensor,
-        options: ElmoKernelOptions,
-        inference_cache: ElmoInferenceCache | None = None,
-    ) -> torch.Tensor:
-        """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim).
-
-        Each distinct word of the batch goes through the CNN once (or comes from `inference_cache` when no gradient
-        is needed); padded positions are zeros. Traced (`torch.compile`, `torch.export`), every position goes
-        through the CNN: the same values, without shapes that depend on the data.
-        """
-        if torch.compiler.is_compiling():
-            embedded = self.token_representation(input_ids.flatten(0, 1), options).view(*input_ids.shape[:2], -1)
-            return embedded * mask[..., None]
-        words, inverse = unique_rows(input_ids[mask])
-        needs_grad = torch.is_grad_enabled() and self.char_embedding.weight.requires_grad
-        if inference_cache is not None and not needs_grad:
-            embedded = inference_cache.token_representations(
-                words, list(self.parameters()), lambda ids: self.embed_words(ids, options, inference_cache)
-            )
-        else:
-            embedded = self.embed_words(words, options)
-        output = embedded.new_zeros(*input_ids.shape[:2], self.output_dim)
-        return output.index_put((mask,), embedded[inverse])
+# -- the biLSTM --------------------------------------------------------------------------------------------------
 
 
 class ElmoLstmLayer(nn.Module):
@@ -251,21 +200,21 @@ class ElmoLstmLayer(nn.Module):
         self.cell_clip = config.cell_clip
         self.proj_clip = config.proj_clip if hidden < cell else None
 
-    def _bias_with_forget_bias(self) -> torch.Tensor:
+    def bias_with_forget_bias(self) -> torch.Tensor:
         """(2, 4D) bias with `FORGET_BIAS` added to the forget gate, as TensorFlow's cell does (gates i, j, f, o)."""
         cell = self.bias.shape[1] // 4
         return torch.cat([self.bias[:, : 2 * cell], self.bias[:, 2 * cell : 3 * cell] + FORGET_BIAS,
                           self.bias[:, 3 * cell :]], dim=1)
 
-    def _cell(
+    def cell(
         self,
         gates: torch.Tensor,
         c: torch.Tensor,
-        options: ElmoKernelOptions,
-        packed_projection: list[torch.Tensor] | None = None,
+        project: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of both directions from the gate pre-activations (2, n, 4D) and the cell c (2, n, D): the new
-        (h (2, n, P), c), clipped where the model clips."""
+        (h (2, n, P), c), clipped where the model clips. `project` computes h (2, n, D) → (2, n, P) with the
+        projection weight (default: one batched matmul)."""
         cell = c.shape[-1]
         candidate = torch.tanh(gates[..., cell : 2 * cell])
         input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
@@ -274,94 +223,24 @@ class ElmoLstmLayer(nn.Module):
             c = c.clamp(-self.cell_clip, self.cell_clip)
         h = output_gate * torch.tanh(c)
         if self.projection_weight is not None:
-            h = both_directions(h, self.projection_weight, packed_projection, options)
+            h = project(h) if project is not None else torch.bmm(h, self.projection_weight.transpose(1, 2))
         if self.proj_clip is not None:
             h = h.clamp(-self.proj_clip, self.proj_clip)
         return h, c
 
-    def forward_masked(
-        self,
-        inputs: torch.Tensor,
-        mask: torch.Tensor,
-        state: tuple[torch.Tensor, torch.Tensor],
-        options: ElmoKernelOptions,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """`forward` with every row computed at every step and its state kept where `mask` (batch, steps) is False:
-        no shapes or branches that depend on the data, for `torch.compile` and `torch.export` (the recurrence is
-        unrolled over the steps)."""
-        bias = self._bias_with_forget_bias()
-        projected = torch.matmul(inputs, self.input_weight.transpose(1, 2)[:, None]) + bias[:, None, None]
-        h, c = state
-        outputs = []
-        for step in range(inputs.shape[2]):
-            new_h, new_c = self._cell(torch.baddbmm(projected[:, :, step], h, self.recurrent_weight.transpose(1, 2)),
-                                      c, options)
-            active = mask[:, step, None]  # (batch, 1)
-            h, c = torch.where(active, new_h, h), torch.where(active, new_c, c)
-            outputs.append(new_h * active)
-        return torch.stack(outputs, dim=2), (h, c)
-
-    def forward_fused(
-        self, inputs: torch.Tensor, lengths: list[int], state: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """`forward` through `nn.LSTM(proj_size=P)` (cuDNN on a GPU, `kernels.fused_lstm`); `lengths` (batch,) in
-        decreasing order. Without cell or projection clipping: the same function for models trained without
-        clipping, an approximation for clipped ones."""
-        return fused_lstm(inputs, lengths, state, self.input_weight, self.recurrent_weight,
-                          self._bias_with_forget_bias(), self.projection_weight)
-
     def forward(
         self,
         inputs: torch.Tensor,
-        batch_sizes: list[int],
+        mask: torch.Tensor,
+        lengths: Sequence[int] | None,
         state: tuple[torch.Tensor, torch.Tensor],
-        options: ElmoKernelOptions,
-        inference_cache: ElmoInferenceCache | None = None,
+        kernels: ElmoKernels,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Run both directions over `inputs` (2, batch, steps, input_dim), in processing order.
-
-        Rows are sorted by decreasing length and `batch_sizes[t]` rows are active at step t, so padded steps
-        are never computed. `state` = (h (2, batch, P), c (2, batch, D)). Returns outputs (2, batch, steps, P)
-        (zeros where padded) and each row's state after its last step.
-        """
-        _, batch, steps, input_dim = inputs.shape
-        started = batch_sizes[0] if steps else 0  # rows with at least one position
-        h, c = state[0][:, :started], state[1][:, :started]
-        packed_input, packed_recurrent, packed_projection = packed_lstm_weights(
-            (self.input_weight, self.recurrent_weight, self.projection_weight), inputs, options, inference_cache
-        ) or (None, None, None)
-        bias = self._bias_with_forget_bias()
-        outputs, finished_h, finished_c = [], [], []
-        for start in range(0, steps, options.lstm_time_chunk):
-            active = batch_sizes[start]
-            if active == 0:
-                break
-            window = inputs[:, :active, start : start + options.lstm_time_chunk]
-            # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
-            input_weight = packed_input or self.input_weight
-            projected = [linear(window[d], input_weight[d], bias[d], options).unbind(1) for d in range(2)]
-            for offset in range(window.shape[2]):
-                n = batch_sizes[start + offset]
-                if n == 0:
-                    break
-                if n < h.shape[1]:  # rows n.. ended at the previous step: keep their final state
-                    finished_h.append(h[:, n:])
-                    finished_c.append(c[:, n:])
-                    h, c = h[:, :n], c[:, :n]
-                step_input = [projected[d][offset][:n] for d in range(2)]
-                # Gate pre-activations (2, n, 4D).
-                gates = both_directions(h, self.recurrent_weight, packed_recurrent, options, add=step_input)
-                h, c = self._cell(gates, c, options, packed_projection)
-                outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
-        if not outputs:
-            return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
-        # Rows are sorted by length: those still active come first, then those that ended latest.
-        final_h = torch.cat([h, *reversed(finished_h), state[0][:, started:]], dim=1)
-        final_c = torch.cat([c, *reversed(finished_c), state[1][:, started:]], dim=1)
-        output = torch.stack(outputs, dim=2)
-        if output.shape[2] < steps:
-            output = F.pad(output, (0, 0, 0, steps - output.shape[2]))
-        return output, (final_h, final_c)
+        """Both directions over `inputs` (2, batch, steps, input_dim) in processing order, rows by decreasing length
+        (`mask` (batch, steps), `lengths` the same on the host); `state` = (h (2, batch, P), c (2, batch, D)).
+        Returns the outputs (2, batch, steps, P), zeros where padded, and each row's state after its last step
+        (the recurrence: `ElmoKernels.lstm`)."""
+        return kernels.lstm(self, inputs, mask, lengths, state)
 
 
 class ElmoBiLstm(nn.Module):
@@ -387,51 +266,148 @@ class ElmoBiLstm(nn.Module):
     def forward(
         self,
         token_repr: torch.Tensor,
-        lengths: torch.Tensor,
-        options: ElmoKernelOptions,
+        mask: torch.Tensor,
+        lengths: Sequence[int] | None,
+        kernels: ElmoKernels,
         initial_state: ElmoState | None = None,
-        inference_cache: ElmoInferenceCache | None = None,
     ) -> tuple[list[torch.Tensor], ElmoState]:
-        """token_repr (batch, positions, P), lengths (batch,) → n_layers tensors (batch, positions, 2P), final state."""
-        batch, steps, _ = token_repr.shape
+        """token_repr (batch, positions, P), mask (batch, positions) and its row lengths on the host (None when
+        traced) → n_layers tensors (batch, positions, 2P), final state."""
+        batch, steps, width = token_repr.shape
         h0, c0 = initial_state if initial_state is not None else self.zero_state(batch, token_repr)
-        # Sort rows by decreasing length so the active rows of every step are a prefix.
-        lengths, order = torch.sort(lengths, descending=True, stable=True)
-        unsort = torch.argsort(order)
+        # The step loop needs the active rows of every step to be a prefix: rows not given longest first are sorted.
+        order = None
+        if lengths is not None and any(a < b for a, b in zip(lengths, lengths[1:])):
+            rows = sorted(range(batch), key=lambda i: -lengths[i])
+            lengths = [lengths[i] for i in rows]
+            order = torch.tensor(rows, device=token_repr.device)
+            token_repr, mask, h0, c0 = token_repr[order], mask[order], h0[:, :, order], c0[:, :, order]
         # The backward LM reads each sentence reversed within its own length.
+        row_lengths = mask.sum(dim=1)[:, None]
         position = torch.arange(steps, device=token_repr.device)
-        reverse_index = torch.where(position < lengths[:, None], lengths[:, None] - 1 - position, position)
-        reverse_index = reverse_index[:, :, None].expand(-1, -1, token_repr.shape[-1])
-        sorted_repr = token_repr[order]
-        layer_input = torch.stack([sorted_repr, sorted_repr.gather(1, reverse_index)])  # (2, batch, steps, P)
+        reverse_index = torch.where(position < row_lengths, row_lengths - 1 - position, position)
+        reverse_index = reverse_index[:, :, None].expand(-1, -1, width)
+        layer_input = torch.stack([token_repr, token_repr.gather(1, reverse_index)])  # (2, batch, steps, P)
 
-        traced = torch.compiler.is_compiling()  # no data-dependent shapes: every step of every row, masked
-        if not traced:
-            counts = lengths.tolist()
-            batch_sizes = [sum(1 for n in counts if n > t) for t in range(steps)]
-        fused = options.uses_fused_lstm(token_repr, self.clipped)
-        outputs, final_h, final_c = [], [], []
+        layers, final_h, final_c = [], [], []
         for index, layer in enumerate(self.layers):
             layer_input = self.dropout(layer_input)
-            state = (h0[index][:, order], c0[index][:, order])
-            if traced:
-                layer_output, (h, c) = layer.forward_masked(layer_input, position < lengths[:, None], state, options)
-            elif fused:
-                layer_output, (h, c) = layer.forward_fused(layer_input, counts, state)
-            else:
-                layer_output, (h, c) = layer(layer_input, batch_sizes, state, options, inference_cache)
+            layer_output, (h, c) = layer(layer_input, mask, lengths, (h0[index], c0[index]), kernels)
             if self.use_skip_connections and index > 0:
                 layer_output = layer_output + layer_input
-            outputs.append(layer_output)
-            final_h.append(h[:, unsort])
-            final_c.append(c[:, unsort])
+            layers.append(torch.cat([layer_output[0], layer_output[1].gather(1, reverse_index)], dim=-1))
+            final_h.append(h)
+            final_c.append(c)
             layer_input = layer_output
+        final_state = (torch.stack(final_h), torch.stack(final_c))
+        if order is not None:
+            unsort = torch.argsort(order)
+            layers = [layer[unsort] for layer in layers]
+            final_state = (final_state[0][:, :, unsort], final_state[1][:, :, unsort])
+        return layers, final_state
 
-        layers = []
-        for output in outputs:
-            forward_out, backward_out = output[0], output[1].gather(1, reverse_index)
-            layers.append(torch.cat([forward_out, backward_out], dim=-1)[unsort])
-        return layers, (torch.stack(final_h), torch.stack(final_c))
+
+# -- the scalar mix ----------------------------------------------------------------------------------------------
+
+
+def scalar_mix_weights(
+    scalar_parameters: torch.Tensor, layer_dropout: float = 0.0, training: bool = False
+) -> torch.Tensor:
+    """softmax(s), shape (num_layers,). In training each layer is dropped with probability `layer_dropout`: its
+    weight is 0 and the others are renormalised (all dropped: the uniform average, as AllenNLP's)."""
+    if training and layer_dropout > 0:
+        dropped = torch.rand_like(scalar_parameters) < layer_dropout
+        scalar_parameters = scalar_parameters.masked_fill(dropped, -1e20)
+    return torch.softmax(scalar_parameters, dim=0)
+
+
+def scalar_mix(
+    layers: Sequence[torch.Tensor] | torch.Tensor,
+    weights: torch.Tensor,
+    gamma: torch.Tensor | float = 1.0,
+    mask: torch.Tensor | None = None,
+    layer_norm: bool = False,
+    layer_norm_eps: float = 1e-12,
+) -> torch.Tensor:
+    """The paper's mix, `gamma * sum_j weights_j * h_j`: `num_layers` layers (batch, positions, width) (or one
+    tensor of them all) and their weights (num_layers,) → (batch, positions, width). With `layer_norm` each layer is
+    first normalised with the mean and variance of each sentence's real positions (`mask` (batch, positions), all of
+    its values): a sentence's output never depends on its batch. The one definition of the mix: `ElmoScalarMix`,
+    the spaCy layers and the Doc vectors all compute it here."""
+    dtype = layers[0].dtype
+    weights = weights.to(dtype)
+    if isinstance(layers, torch.Tensor) and not layer_norm:  # stacked: one matmul over the layer axis
+        mixed = torch.tensordot(weights, layers, dims=1)
+    else:
+        mixed = sum(weight * (_normalise(layer, mask, layer_norm_eps) if layer_norm else layer)
+                    for weight, layer in zip(weights, layers))
+    return gamma.to(dtype) * mixed if isinstance(gamma, torch.Tensor) else gamma * mixed
+
+
+def _normalise(layer: torch.Tensor, mask: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """(batch, positions, width) → the same normalised to mean 0, variance 1 over each row's real values."""
+    if mask is None:
+        mask = torch.ones(layer.shape[:2], dtype=torch.bool, device=layer.device)
+    weights = mask.to(layer.dtype)[..., None]  # (batch, positions, 1)
+    count = (weights.sum(dim=(1, 2)) * layer.shape[-1]).clamp(min=1)[:, None, None]
+    mean = (layer * weights).sum(dim=(1, 2), keepdim=True) / count
+    variance = (((layer - mean) * weights) ** 2).sum(dim=(1, 2), keepdim=True) / count
+    return (layer - mean) / torch.sqrt(variance + eps) * weights
+
+
+class ElmoScalarMix(nn.Module):
+    """Task-specific combination of the biLM layers: `gamma * sum_j softmax(s)_j * h_j` (`scalar_mix`).
+
+    Args:
+        num_layers: number of layers mixed (`config.n_layers + 1`).
+        do_layer_norm: normalise each layer first with the mean and variance of each sentence's real
+            positions (all of its values). The original normalised over the whole batch, which makes a
+            sentence's output depend on its batch; per sentence keeps the output batch-independent.
+        initial_scalar_parameters: initial `s` (default zeros = uniform average).
+        trainable: learn `s` and `gamma` (False fixes them, e.g. `[-9e10, 1, -9e10]` selects layer 1).
+        layer_dropout: in training, drop each layer from the mix with this probability (`scalar_mix_weights`).
+        dropout: dropout on the mixed output, in training.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        do_layer_norm: bool = False,
+        initial_scalar_parameters: Sequence[float] | None = None,
+        trainable: bool = True,
+        layer_dropout: float = 0.0,
+        dropout: float = 0.0,
+        layer_norm_eps: float = 1e-12,
+    ):
+        super().__init__()
+        initial = list(initial_scalar_parameters) if initial_scalar_parameters is not None else [0.0] * num_layers
+        if len(initial) != num_layers:
+            raise ValueError(f"{len(initial)} initial scalar parameters for {num_layers} layers")
+        self.num_layers = num_layers
+        self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32), requires_grad=trainable)
+        self.gamma = nn.Parameter(torch.ones(1), requires_grad=trainable)
+        self.do_layer_norm = do_layer_norm
+        self.layer_dropout = layer_dropout
+        self.dropout = nn.Dropout(dropout)
+        self.layer_norm_eps = layer_norm_eps
+
+    def layer_weights(self) -> torch.Tensor:
+        """softmax(s), shape (num_layers,), with layer dropout in training."""
+        return scalar_mix_weights(self.scalar_parameters, self.layer_dropout, self.training)
+
+    def l2_penalty(self) -> torch.Tensor:
+        """sum(s^2), the paper's regulariser (multiply by lambda, e.g. 0.001)."""
+        return (self.scalar_parameters**2).sum()
+
+    def forward(self, layers: Sequence[torch.Tensor] | torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`num_layers` tensors (batch, positions, width) and a mask (batch, positions) → (batch, positions, width)"""
+        if len(layers) != self.num_layers:
+            raise ValueError(f"ElmoScalarMix expects {self.num_layers} layers, got {len(layers)}")
+        mixed = scalar_mix(layers, self.layer_weights(), self.gamma, mask, self.do_layer_norm, self.layer_norm_eps)
+        return self.dropout(mixed)
+
+
+# -- the models --------------------------------------------------------------------------------------------------
 
 
 class ElmoPreTrainedModel(PreTrainedModel):
@@ -500,17 +476,6 @@ class ElmoPreTrainedModel(PreTrainedModel):
             "--init_model with a new --vocab_file."
         )
 
-    def push_to_hub(self, repo_id: str, **kwargs) -> str:
-        """`PreTrainedModel.push_to_hub`; with the `hf_elmo` package installed, the repo then gets the ELMo model
-        card (`hf_elmo.hub`) in place of the template card transformers writes into a repo without one."""
-        commit = super().push_to_hub(repo_id, **kwargs)
-        try:  # absent where this file runs as Hub remote code (transformers' import check skips `try` blocks)
-            from hf_elmo.hub import replace_generic_model_card
-        except ImportError:
-            return commit
-        replace_generic_model_card(self, commit, revision=kwargs.get("revision"), token=kwargs.get("token"))
-        return commit
-
 
 class ElmoModel(ElmoPreTrainedModel):
     """The ELMo biLM: character ids in, `n_layers + 1` contextual layers out."""
@@ -533,31 +498,27 @@ class ElmoModel(ElmoPreTrainedModel):
         self.char_cnn.char_embedding = value
 
     def _validate(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, initial_state: ElmoState | None
-    ) -> torch.Tensor:
-        """Check the inputs; return the (batch, positions) bool mask."""
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        lengths: Sequence[int] | None,
+        initial_state: ElmoState | None,
+    ) -> tuple[torch.Tensor, list[int] | None]:
+        """Check the inputs; return the (batch, positions) bool mask and its row lengths on the host (None when
+        traced). `lengths` given (an `ElmoBatch`'s) are trusted: the values are not read back from the device."""
         chars = self.config.max_characters_per_token
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3 or input_ids.shape[-1] != chars:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be a tensor of shape (batch, positions, {chars}), got {shape}")
         if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must hold integer character ids, got dtype {input_ids.dtype}")
-        traced = torch.compiler.is_compiling()  # the checks of values below would make shapes depend on the data
-        if not traced and input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.n_characters):
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape[:2]):
             raise ValueError(
-                f"character ids must lie in [0, {self.config.n_characters}), found "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]: were they made by ElmoCharTokenizer?"
+                f"attention_mask must have shape {tuple(input_ids.shape[:2])}, got {tuple(attention_mask.shape)}"
             )
-        if attention_mask is None:
-            mask = (input_ids > 0).any(dim=-1)
-        else:
-            if tuple(attention_mask.shape) != tuple(input_ids.shape[:2]):
-                raise ValueError(
-                    f"attention_mask must have shape {tuple(input_ids.shape[:2])}, got {tuple(attention_mask.shape)}"
-                )
-            mask = attention_mask.bool()
-        if not traced and (mask[:, 1:] & ~mask[:, :-1]).any():
-            raise ValueError("every row must be padded on the right: a padding position precedes a real one")
+        if lengths is not None and len(lengths) != input_ids.shape[0]:
+            raise ValueError(f"lengths must give one length per row ({input_ids.shape[0]}), got {len(lengths)}")
+        mask = (input_ids > 0).any(dim=-1) if attention_mask is None else attention_mask.bool()
         if initial_state is not None:
             expected_h, expected_c = (s.shape for s in self.bilstm.zero_state(input_ids.shape[0], mask))
             if len(initial_state) != 2 or initial_state[0].shape != expected_h or initial_state[1].shape != expected_c:
@@ -565,7 +526,18 @@ class ElmoModel(ElmoPreTrainedModel):
                 raise ValueError(
                     f"initial_state must be (h, c) of shapes {tuple(expected_h)} and {tuple(expected_c)}, got {found}"
                 )
-        return mask
+        if torch.compiler.is_compiling():  # the checks of values below would make shapes depend on the data
+            return mask, None
+        if lengths is not None:
+            return mask, list(lengths)
+        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.n_characters):
+            raise ValueError(
+                f"character ids must lie in [0, {self.config.n_characters}), found "
+                f"[{int(input_ids.min())}, {int(input_ids.max())}]: were they made by ElmoCharTokenizer?"
+            )
+        if (mask[:, 1:] & ~mask[:, :-1]).any():
+            raise ValueError("every row must be padded on the right: a padding position precedes a real one")
+        return mask, mask.sum(dim=1).tolist()
 
     @can_return_tuple
     def forward(
@@ -576,6 +548,7 @@ class ElmoModel(ElmoPreTrainedModel):
         return_state: bool = False,
         output_hidden_states: bool | None = None,
         inference_cache: ElmoInferenceCache | None = None,
+        lengths: Sequence[int] | None = None,
         **kwargs,
     ) -> ElmoModelOutput:
         """
@@ -592,16 +565,20 @@ class ElmoModel(ElmoPreTrainedModel):
                 are what ELMo is used for.
             inference_cache (`ElmoInferenceCache`, optional): token representations and packed weights kept between
                 calls without gradient (e.g. one per embedding job); nothing is kept without it.
+            lengths (`Sequence[int]`, optional): the real positions of each row, on the host (an `ElmoBatch` gives
+                them: `model(**batch)`). The mask is then never read back from the device, and rows that come
+                longest first are not sorted again.
         """
-        mask = self._validate(input_ids, attention_mask, initial_state)
-        options = self.kernel_options
-        token_repr = self.char_cnn(input_ids, mask, options, inference_cache)
-        layers, final_state = self.bilstm(token_repr, mask.sum(dim=1), options, initial_state, inference_cache)
+        mask, lengths = self._validate(input_ids, attention_mask, lengths, initial_state)
+        kernels = ElmoKernels(self.kernel_options, input_ids, inference_cache, self.bilstm.clipped)
+        token_repr = self.char_cnn(input_ids, mask, kernels)
+        layers, final_state = self.bilstm(token_repr, mask, lengths, kernels, initial_state)
         hidden_states = (torch.cat([token_repr, token_repr], dim=-1), *layers)
         return ElmoModelOutput(
             last_hidden_state=hidden_states[-1],
             hidden_states=None if output_hidden_states is False else hidden_states,
             final_state=final_state if return_state else None,
+            attention_mask=mask,
         )
 
 
@@ -663,19 +640,19 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
         initial_state: ElmoState | None = None,
         return_state: bool = False,
         output_hidden_states: bool | None = None,
+        lengths: Sequence[int] | None = None,
         **kwargs,
     ) -> ElmoBidirectionalLMOutput:
         """`labels` as in the class docstring; the other arguments as in `ElmoModel.forward`."""
         outputs, forward_states, backward_states = self.lm_states(
             input_ids, attention_mask, initial_state=initial_state, return_state=return_state,
-            output_hidden_states=output_hidden_states,
+            output_hidden_states=output_hidden_states, lengths=lengths,
         )
         forward_logits = self.softmax(forward_states)
         backward_logits = self.softmax(backward_states)
         loss = None
         if labels is not None:
-            mask = attention_mask if attention_mask is not None else (input_ids > 0).any(dim=-1)
-            forward_mask, backward_mask = lm_target_masks(mask, labels)
+            forward_mask, backward_mask = lm_target_masks(outputs.attention_mask, labels)
             loss = lm_loss(
                 F.cross_entropy(forward_logits[:, :-1][forward_mask], labels[:, 1:][forward_mask], reduction="none"),
                 F.cross_entropy(backward_logits[:, 1:][backward_mask], labels[:, :-1][backward_mask],
@@ -688,101 +665,6 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
             hidden_states=outputs.hidden_states,
             final_state=outputs.final_state,
         )
-
-
-class ElmoScalarMix(nn.Module):
-    """Task-specific combination of the biLM layers: `gamma * sum_j softmax(s)_j * h_j`.
-
-    Args:
-        num_layers: number of layers mixed (`config.n_layers + 1`).
-        do_layer_norm: normalise each layer first with the mean and variance of each sentence's real
-            positions (all of its values). The original normalised over the whole batch, which makes a
-            sentence's output depend on its batch; per sentence keeps the output batch-independent.
-        initial_scalar_parameters: initial `s` (default zeros = uniform average).
-        trainable: learn `s` and `gamma` (False fixes them, e.g. `[-9e10, 1, -9e10]` selects layer 1).
-        layer_dropout: in training, drop each layer from the mix with this probability.
-        dropout: dropout on the mixed output, in training.
-    """
-
-    def __init__(
-        self,
-        num_layers: int,
-        do_layer_norm: bool = False,
-        initial_scalar_parameters: Sequence[float] | None = None,
-        trainable: bool = True,
-        layer_dropout: float = 0.0,
-        dropout: float = 0.0,
-        layer_norm_eps: float = 1e-12,
-    ):
-        super().__init__()
-        initial = list(initial_scalar_parameters) if initial_scalar_parameters is not None else [0.0] * num_layers
-        if len(initial) != num_layers:
-            raise ValueError(f"{len(initial)} initial scalar parameters for {num_layers} layers")
-        self.num_layers = num_layers
-        self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32), requires_grad=trainable)
-        self.gamma = nn.Parameter(torch.ones(1), requires_grad=trainable)
-        self.do_layer_norm = do_layer_norm
-        self.layer_dropout = layer_dropout
-        self.dropout = nn.Dropout(dropout)
-        self.layer_norm_eps = layer_norm_eps
-
-    def layer_weights(self) -> torch.Tensor:
-        """softmax(s), shape (num_layers,)."""
-        scores = self.scalar_parameters
-        if self.training and self.layer_dropout > 0:
-            dropped = torch.rand_like(scores) < self.layer_dropout
-            scores = scores.masked_fill(dropped, -1e20)
-        return torch.softmax(scores, dim=0)
-
-    def l2_penalty(self) -> torch.Tensor:
-        """sum(s^2), the paper's regulariser (multiply by lambda, e.g. 0.001)."""
-        return (self.scalar_parameters**2).sum()
-
-    def forward(self, layers: Sequence[torch.Tensor] | torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`num_layers` tensors (batch, positions, width) and a mask (batch, positions) → (batch, positions, width)"""
-        if len(layers) != self.num_layers:
-            raise ValueError(f"ElmoScalarMix expects {self.num_layers} layers, got {len(layers)}")
-        weights = self.layer_weights().to(layers[0].dtype)
-        mixed = 0
-        for weight, layer in zip(weights, layers):
-            if self.do_layer_norm:
-                layer = self._normalise(layer, mask)
-            mixed = mixed + weight * layer
-        return self.dropout(self.gamma.to(layers[0].dtype) * mixed)
-
-    def _normalise(self, layer: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if mask is None:
-            mask = torch.ones(layer.shape[:2], dtype=torch.bool, device=layer.device)
-        weights = mask.to(layer.dtype)[..., None]  # (batch, positions, 1)
-        count = (weights.sum(dim=(1, 2)) * layer.shape[-1]).clamp(min=1)[:, None, None]
-        mean = (layer * weights).sum(dim=(1, 2), keepdim=True) / count
-        variance = (((layer - mean) * weights) ** 2).sum(dim=(1, 2), keepdim=True) / count
-        return (layer - mean) / torch.sqrt(variance + self.layer_norm_eps) * weights
-
-
-@dataclass
-class ElmoRepresentations(ModelOutput):
-    """
-    Args:
-        representations (`tuple(torch.FloatTensor)`): one mix per requested representation, each
-            (batch, words, 2 * projection_dim), sentence boundaries removed unless kept.
-        mask (`torch.BoolTensor` of shape `(batch, words)`): real positions.
-        hidden_states: the biLM layers the mixes were computed from (same positions as `mask`).
-    """
-
-    representations: tuple[torch.FloatTensor, ...] | None = None
-    mask: torch.BoolTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-
-
-def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop each row's first (`<S>`) and last real (`</S>`) position.
-
-    (batch, positions, ...) and (batch, positions) right-padded mask → (batch, positions - 2, ...), mask.
-    """
-    words_mask = mask[:, 2:].bool()
-    shape = (*words_mask.shape, *([1] * (tensor.dim() - 2)))
-    return tensor[:, 1:-1] * words_mask.view(shape).to(tensor.dtype), words_mask
 
 
 class ElmoWithScalarMixes(nn.Module):
@@ -833,11 +715,17 @@ class ElmoWithScalarMixes(nn.Module):
             self.elmo.eval()
         return self
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> ElmoRepresentations:
-        """(batch, positions, chars) ids with `<S>`/`</S>` rows → `ElmoRepresentations`."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        lengths: Sequence[int] | None = None,
+    ) -> ElmoRepresentations:
+        """(batch, positions, chars) ids with `<S>`/`</S>` rows (and `ElmoModel.forward`'s `attention_mask` and
+        `lengths`, e.g. `wrapper(**batch)` for an `ElmoBatch`) → `ElmoRepresentations`."""
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
-            layers = self.elmo(input_ids, attention_mask).hidden_states
-        mask = attention_mask.bool() if attention_mask is not None else (input_ids > 0).any(dim=-1)
+            outputs = self.elmo(input_ids, attention_mask, lengths=lengths)
+        layers, mask = outputs.hidden_states, outputs.attention_mask
         if not self.keep_sentence_boundaries:
             stripped = [remove_sentence_boundaries(layer, mask)[0] for layer in layers]
             layers, mask = tuple(stripped), mask[:, 2:]
@@ -875,8 +763,8 @@ class _ElmoTaskModel(ElmoPreTrainedModel):
         """(batch, positions, chars) → the task encoder's states (batch, positions, 2 * task_hidden_size), the
         mask (batch, positions) and the biLM layers."""
         with torch.set_grad_enabled(not self.config.freeze_elmo and torch.is_grad_enabled()):
-            layers = self.elmo(input_ids, attention_mask).hidden_states
-        mask = attention_mask.bool() if attention_mask is not None else (input_ids > 0).any(dim=-1)
+            outputs = self.elmo(input_ids, attention_mask)
+        layers, mask = outputs.hidden_states, outputs.attention_mask
         mixed = self.dropout(self.scalar_mix(layers, mask))
         lengths = mask.sum(dim=1).clamp(min=1).cpu()
         packed = nn.utils.rnn.pack_padded_sequence(mixed, lengths, batch_first=True, enforce_sorted=False)
@@ -981,4 +869,6 @@ __all__ = [
     "ElmoState",
     "ElmoWithScalarMixes",
     "remove_sentence_boundaries",
+    "scalar_mix",
+    "scalar_mix_weights",
 ]

@@ -12,11 +12,15 @@ Every user of the biLM goes through these steps, in this order: the tokenizer (`
    * `"whitespace"`: pre-tokenized text (`str.split`);
    * `"spacy:<lang>"`, e.g. `"spacy:en"`: the tokens of `spacy.blank(lang)`'s tokenizer but whitespace ones, as
      the spaCy component feeds the biLM (spaCy is a dependency of the package, imported on first use).
-3. **Length batches** (`length_batches`): sentences sorted longest first and grouped so that every padded batch
+3. **Windows** (`windows`): a sentence longer than the longest row a caller allows is read as consecutive windows
+   of words, each from the zero state (`elmo embed`, the spaCy span getters, training).
+4. **Length batches** (`length_batches`): sentences sorted longest first and grouped so that every padded batch
    (`<S>` and `</S>` rows included) stays within a budget of positions.
-4. **Character ids** of a batch: `ElmoCharTokenizer.batch_char_ids` (`tokenization_elmo.py`).
+5. **The batch** (`ElmoBatch`, made by `ElmoCharTokenizer.batch` from the character ids of `tokenization_elmo.py`):
+   character ids with a `<S>` and a `</S>` row per sentence, the mask, the lengths on the host, and what each row is
+   to its caller. The biLM takes it as it is (`model(**batch)`); `batch.strip` removes the boundary rows from its
+   outputs.
 
-The biLM's outputs lose their `<S>`/`</S>` rows through `remove_sentence_boundaries` (`modeling_elmo.py`).
 This file is part of the Hub remote code (the tokenizer imports it), so it imports nothing else of the package.
 """
 
@@ -25,12 +29,14 @@ from __future__ import annotations
 import glob
 import gzip
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import regex
+import torch
 
 # Raw text is split Moses-style, as the released models' training text was: clitics split off
 # ("don't" -> "don 't"), each punctuation mark and each CJK character alone, while dotted abbreviations
@@ -173,7 +179,17 @@ def get_word_tokenizer(name: str | None) -> WordTokenizer:
     return SpacyWordTokenizer(name[len("spacy:") :])
 
 
-# -- 3. length batches ------------------------------------------------------------------------------------------
+# -- 3. windows ------------------------------------------------------------------------------------------------
+
+
+def windows(n_words: int, max_words: int | None) -> list[slice]:
+    """The windows of a sentence of `n_words` words: consecutive slices of at most `max_words` (`None`: one
+    window); an empty sentence is one empty window."""
+    step = max_words or max(n_words, 1)
+    return [slice(start, min(start + step, n_words)) for start in range(0, max(n_words, 1), step)]
+
+
+# -- 4. length batches ------------------------------------------------------------------------------------------
 
 
 def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | None = None) -> list[list[int]]:
@@ -194,3 +210,83 @@ def length_batches(lengths: Sequence[int], batch_tokens: int, batch_size: int | 
         else:
             batches.append([index])
     return batches
+
+
+# -- 5. the batch -----------------------------------------------------------------------------------------------
+
+
+def remove_sentence_boundaries(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop each row's first (`<S>`) and last real (`</S>`) position.
+
+    (batch, positions, ...) and (batch, positions) right-padded mask → (batch, positions - 2, ...) with zeros at
+    padding, and the words' mask (batch, positions - 2).
+    """
+    words_mask = mask[:, 2:].bool()
+    shape = (*words_mask.shape, *([1] * (tensor.dim() - 2)))
+    return tensor[:, 1:-1] * words_mask.view(shape).to(tensor.dtype), words_mask
+
+
+@dataclass(frozen=True)
+class ElmoBatch(Mapping):
+    """Sentences as the biLM reads them: row i is `<S> w1 ... wn </S>`, padded on the right.
+
+    A mapping of the model's inputs, so `model(**batch)` runs it: `input_ids` (batch, positions, chars) character
+    ids, `attention_mask` (batch, positions) bool, and `lengths`, the positions of each row on the host (the model
+    then never reads the mask back from the device, and skips sorting rows that come longest first). `rows` is what
+    each row is to its caller (a sentence's index and first word, a Doc's tokens, a training line's ends), kept in
+    order and never read here.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    lengths: tuple[int, ...]
+    rows: tuple[Any, ...] = ()
+
+    @classmethod
+    def from_char_ids(cls, input_ids: Any, lengths: Sequence[int], rows: Sequence[Any] = ()) -> ElmoBatch:
+        """The batch of `input_ids` (batch, positions, chars) (a NumPy array or a tensor) whose row i has
+        `lengths[i]` real positions (boundaries included)."""
+        input_ids = torch.as_tensor(input_ids)
+        positions = torch.arange(input_ids.shape[1])
+        attention_mask = positions < torch.tensor(list(lengths), dtype=torch.long).view(-1, 1)
+        return cls(input_ids, attention_mask, tuple(int(n) for n in lengths), tuple(rows))
+
+    # -- the model's inputs -------------------------------------------------------------------------------------
+    def keys(self) -> tuple[str, ...]:
+        return ("input_ids", "attention_mask", "lengths")
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    # -- what the caller reads ----------------------------------------------------------------------------------
+    @property
+    def word_counts(self) -> tuple[int, ...]:
+        """Words per row (`<S>` and `</S>` not counted)."""
+        return tuple(n - 2 for n in self.lengths)
+
+    @property
+    def words_mask(self) -> torch.Tensor:
+        """(batch, positions - 2) bool: the words of each row, as `strip` leaves them."""
+        return self.attention_mask[:, 2:]
+
+    def strip(self, tensor: torch.Tensor) -> torch.Tensor:
+        """An output of the biLM without the boundary rows: (batch, positions, ...) → (batch, positions - 2, ...),
+        zeros at padding; position j of row i is word j of that row."""
+        return remove_sentence_boundaries(tensor, self.attention_mask.to(tensor.device))[0]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> ElmoBatch:
+        return ElmoBatch(self.input_ids.to(device, non_blocking=non_blocking),
+                         self.attention_mask.to(device, non_blocking=non_blocking), self.lengths, self.rows)
+
+    def pin_memory(self) -> ElmoBatch:
+        """The batch in page-locked memory (DataLoader's `pin_memory=True`), so `to(cuda, non_blocking=True)` is
+        asynchronous."""
+        return ElmoBatch(self.input_ids.pin_memory(), self.attention_mask.pin_memory(), self.lengths, self.rows)

@@ -15,7 +15,7 @@ import numpy as np
 from transformers import BatchEncoding, PreTrainedTokenizer
 from transformers.utils import PaddingStrategy, TensorType
 
-from .text import MAX_CHARACTERS_PER_TOKEN, check_word_tokenizer, split_into_words
+from .text import MAX_CHARACTERS_PER_TOKEN, ElmoBatch, check_word_tokenizer, split_into_words
 
 # Raw character ids (training id space); the encoded ids are these + 1.
 BEGIN_OF_SENTENCE_CHAR = 256
@@ -134,6 +134,13 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         for row, words in enumerate(sentences):
             ids[row, : len(words) + 2] = [bos, *map(self.word_to_char_ids, words), eos]
         return ids
+
+    def batch(self, sentences: Sequence[Sequence[str]], rows: Sequence[Any] = ()) -> ElmoBatch:
+        """The `ElmoBatch` of a batch of word lists (`rows`: what each sentence is to the caller)."""
+        for words in sentences:
+            if isinstance(words, str) or not all(isinstance(word, str) for word in words):
+                raise TypeError(f"each sentence must be a list of str (its words), got {words!r:.60}")
+        return ElmoBatch.from_char_ids(self.batch_char_ids(sentences), [len(words) + 2 for words in sentences], rows)
 
     def _sentence_words(self, text: Any, is_split_into_words: bool) -> list[str]:
         if is_split_into_words:

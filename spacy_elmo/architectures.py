@@ -37,20 +37,29 @@ from thinc.types import Floats2d, Floats3d
 
 from hf_elmo import DEFAULT_MODEL_NAME
 
-from .layers import ElmoListener, at_least_one_row, biattentive_encoder, build_bilm, scalar_mix, standalone_bilm
+from .layers import (
+    ElmoListener,
+    at_least_one_row,
+    biattentive_encoder,
+    build_bilm,
+    build_bilm_v1,
+    scalar_mix,
+    standalone_bilm,
+)
 
 NO_SETTINGS = SimpleFrozenDict()
 
 
-@registry.architectures("spacy-elmo.ElmoBiLM.v1")
-def elmo_bilm_v1(
+@registry.architectures("spacy-elmo.ElmoBiLM.v2")
+def elmo_bilm_v2(
     get_spans: Callable,
     name: str = DEFAULT_MODEL_NAME,
     max_batch_tokens: int = 4096,
     mixed_precision: bool = False,
     grad_scaler_config: dict = NO_SETTINGS,
 ) -> Model[list[Doc], list[Floats3d]]:
-    """The ELMo biLM: per Doc its layers (n_layers + 1, n_tokens, 2 * projection_dim), boundaries removed.
+    """The ELMo biLM: per Doc its layers (n_layers + 1, n_tokens, 2 * projection_dim), boundaries removed; a chain
+    of small layers (sentences → length batches → the biLM → boundaries stripped → per-Doc arrays).
 
     get_spans (Callable): the span getter, e.g. `spacy-elmo.sent_spans.v1` (one biLM row per span).
     name (str): a directory written by `elmo convert` or a Hub id; read only when the biLM is first needed and
@@ -62,6 +71,22 @@ def elmo_bilm_v1(
     grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
     """
     return build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config))
+
+
+@registry.architectures("spacy-elmo.ElmoBiLM.v1")
+def elmo_bilm_v1(
+    get_spans: Callable,
+    name: str = DEFAULT_MODEL_NAME,
+    max_batch_tokens: int = 4096,
+    mixed_precision: bool = False,
+    grad_scaler_config: dict = NO_SETTINGS,
+) -> Model[list[Doc], list[Floats3d]]:
+    """`spacy-elmo.ElmoBiLM.v2` as one Thinc node holding the biLM, the structure pipelines saved with v1 have
+    (they load, and compute what v2 computes). New configs use v2.
+
+    get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config: as in `spacy-elmo.ElmoBiLM.v2`.
+    """
+    return build_bilm_v1(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config))
 
 
 @registry.architectures("spacy-elmo.ScalarMix.v1")
@@ -138,7 +163,7 @@ def tok2vec_elmo_v1(
     """A standalone ELMo embedding: the component owns its copy of the biLM (no `elmo` component). This is what
     `replace_listeners` turns an `ElmoListener.v1` into.
 
-    bilm (Model): `spacy-elmo.ElmoBiLM.v1`; its weights come from its `name` at initialize.
+    bilm (Model): `spacy-elmo.ElmoBiLM.v2`; its weights come from its `name` at initialize.
     mix, width, grad_factor, dropout, project_to: as in `spacy-elmo.ElmoListener.v1`.
     freeze (bool): keep the biLM fixed (no autograd graph); false fine-tunes it with this component.
     """

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 from spacy.language import Language
 
-from .layers.scalar_mix import layer_weights
+from hf_elmo.modeling_elmo import scalar_mix_weights
+
+from .layers.tensors import to_torch
 
 
 @dataclass
@@ -32,7 +34,7 @@ def mix_weights(nlp: Language) -> list[MixWeights]:
             continue
         for node in model.walk(order="dfs_pre"):
             if node.name == "elmo_scalar_mix" and node.has_param("s") and node.get_param("s") is not None:
-                weights = model.ops.to_numpy(layer_weights(node, is_train=False))
+                weights = scalar_mix_weights(to_torch(node.get_param("s"))).cpu().numpy()
                 gamma = float(model.ops.to_numpy(node.get_param("gamma"))[0])
                 found.append(MixWeights(name, node.attrs.get("position", ""), weights, gamma))
     return found

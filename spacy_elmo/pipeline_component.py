@@ -27,7 +27,7 @@ from .vectors import mixed_layers, register_extensions, restore_hooks
 
 DEFAULT_CONFIG_STR = f"""
 [model]
-@architectures = "spacy-elmo.ElmoBiLM.v1"
+@architectures = "spacy-elmo.ElmoBiLM.v2"
 name = "{DEFAULT_MODEL_NAME}"
 max_batch_tokens = 4096
 mixed_precision = false
@@ -42,16 +42,6 @@ DEFAULT_CONFIG = Config().from_str(DEFAULT_CONFIG_STR)
 STORE_DTYPES = ("float32", "float16")
 
 register_extensions()
-
-
-def _single_threaded_torch() -> None:
-    # A forked child inheriting torch's OpenMP thread pool can hang in its first torch op, e.g. in
-    # nlp.pipe(n_process=2): children of a process that uses the component run torch single-threaded instead.
-    torch.set_num_threads(1)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_single_threaded_torch)
 
 
 @Language.factory(
@@ -80,7 +70,7 @@ def make_elmo(
 ) -> Elmo:
     """ELMo layers for every Doc (`doc._.elmo_layers`), shared with downstream components through listeners.
 
-    model (Model): the biLM, `spacy-elmo.ElmoBiLM.v1`.
+    model (Model): the biLM, `spacy-elmo.ElmoBiLM.v2`.
     freeze (bool): keep the biLM fixed in training (no autograd graph, no update); false fine-tunes it.
     store_dtype (str): "float32" or "float16" (half the memory) for `doc._.elmo_layers`.
     default_mix (list of float): layer weights of `token._.elmo_vector` and the vector hooks, used as given
@@ -133,6 +123,7 @@ class Elmo(TrainablePipe):
         self.frozen_cache = FrozenLayersCache(frozen_cache_mb * 2**20)
         self.listener_map: dict[str, list[ElmoListener]] = {}
         self.cfg: dict[str, Any] = {}
+        self._process = os.getpid()
         # How Language.replace_listeners turns a listener into a standalone copy of this biLM (and its config).
         model.attrs["replace_listener"] = replace_listener
         model.attrs["replace_listener_cfg"] = partial(replace_listener_cfg, freeze=freeze)
@@ -176,6 +167,11 @@ class Elmo(TrainablePipe):
     # -- prediction ---------------------------------------------------------------------------------------
     def predict(self, docs: Iterable[Doc]) -> list[Floats3d]:
         """Per Doc its layers (n_layers + 1, n_tokens, width)."""
+        if os.getpid() != self._process:
+            # In a worker process (`nlp.pipe(n_process=...)`): a forked child inheriting torch's OpenMP thread pool
+            # can hang in its first torch op, and the workers share the cores; torch runs single-threaded there.
+            torch.set_num_threads(1)
+            self._process = os.getpid()
         return self.model.predict(list(docs))
 
     def set_annotations(self, docs: Sequence[Doc], layers: list[Floats3d]) -> None:

@@ -16,7 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from spacy.tokens import Doc, Span, Token
+
+from hf_elmo.modeling_elmo import scalar_mix
 
 
 def register_extensions() -> None:
@@ -33,7 +36,7 @@ def token_vector(token: Token) -> np.ndarray | None:
     layers, mix = token.doc._.elmo_layers, token.doc._.elmo_mix
     if layers is None:
         return None
-    return np.tensordot(mix, layers[:, token.i], axes=1).astype("float32")
+    return mixed_layers(layers[:, token.i], mix)
 
 
 def span_vector(span: Span) -> np.ndarray | None:
@@ -51,12 +54,15 @@ def _mean_vector(doc: Doc, start: int, end: int) -> np.ndarray | None:
     rows = [i for i in range(start, end) if not doc[i].is_space]
     if not rows:
         return np.zeros(layers.shape[-1], dtype="float32")
-    return np.tensordot(mix, layers[:, rows].astype("float32").mean(axis=1), axes=1).astype("float32")
+    return mixed_layers(layers[:, rows].astype("float32").mean(axis=1), mix)
 
 
 def mixed_layers(layers: np.ndarray, mix: np.ndarray) -> np.ndarray:
-    """(n_layers, n_tokens, width) and (n_layers,) → (n_tokens, width) float32."""
-    return np.tensordot(mix, layers, axes=1).astype("float32")
+    """(n_layers, ...) and (n_layers,) weights, used as given → (...) float32: the paper's mix
+    (`hf_elmo.modeling_elmo.scalar_mix`) with fixed weights and gamma 1."""
+    # torch wants writable arrays (a read-only one, e.g. from a DocBin, is copied).
+    tensors = [torch.from_numpy(np.require(array, "float32", "W")) for array in (layers, mix)]
+    return scalar_mix(*tensors).numpy()
 
 
 def restore_hooks(doc: Doc) -> Doc:

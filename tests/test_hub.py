@@ -30,7 +30,6 @@ from hf_elmo.hub import (
     build_model_card,
     card_metadata,
     card_source,
-    is_generic_card,
     push_to_hub,
     weights_source,
 )
@@ -61,13 +60,10 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[ElmoModel, Elmo
 
 
 def push_both(tiny_lm, converted) -> None:
-    """The LM with `hf_elmo.hub.push_to_hub` (one commit); the converted model with the standard methods,
-    tokenizer first, so that transformers' template card is in the repo before the model is pushed."""
+    """The LM with `hf_elmo.hub.push_to_hub` and the card's source given; the converted model with it too, its
+    source read from the card `convert` wrote."""
     push_to_hub(*tiny_lm, LM_REPO, source=TINY_SOURCE)
-    model, tokenizer = converted
-    tokenizer.push_to_hub(CONVERTED_REPO)
-    assert is_generic_card(Path(hf_hub_download(CONVERTED_REPO, "README.md")).read_text())
-    model.push_to_hub(CONVERTED_REPO)
+    push_to_hub(*converted, CONVERTED_REPO)
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +147,8 @@ def test_card_of_the_push_helper_describes_model_source_and_usage(pushed, tiny_l
     assert "path/to/model" not in card.text
 
 
-def test_model_push_to_hub_replaces_the_template_card_and_keeps_the_converted_source(pushed, converted):
+def test_push_to_hub_writes_the_card_and_keeps_the_converted_source(pushed, converted):
     card = ModelCard.load(CONVERTED_REPO)
-    assert not is_generic_card(card.content)
     # The source written by `convert` survives from_pretrained + push_to_hub.
     assert card_source(card.text) == CONVERTED_SOURCE
     options = json.loads((ALLENNLP / "options.json").read_text())
@@ -168,23 +163,25 @@ def test_model_push_to_hub_replaces_the_template_card_and_keeps_the_converted_so
     assert {"elmo", "custom_code"} <= set(card.data.tags)
 
 
-def test_model_push_to_hub_on_a_new_repo_writes_the_card_with_its_tags(fake_hub):
+def test_push_to_hub_on_a_new_repo_writes_the_card_with_its_tags(fake_hub):
     torch.manual_seed(1)
-    model = ElmoModel(tiny_config())
-    model.push_to_hub("org/fresh", tags=["my-tag"])
+    push_to_hub(ElmoModel(tiny_config()), None, "org/fresh", tags=["my-tag"])
     card = ModelCard.load("org/fresh")
     assert card_source(card.text) == RANDOM_WEIGHTS_SOURCE
     assert card.data.tags[-1] == "my-tag" and "elmo" in card.data.tags
-    assert '"org/fresh"' in card.text and not is_generic_card(card.text)
+    assert '"org/fresh"' in card.text and "# ELMo biLM" in card.text
 
 
-def test_model_push_to_hub_keeps_a_card_written_by_hand(fake_hub):
+def test_transformers_push_to_hub_works_as_for_any_model_and_keeps_a_card_written_by_hand(fake_hub):
     readme = "---\nlicense: mit\n---\n\n# My ELMo\n\nNotes by hand.\n"
     create_repo("org/hand-card")
     upload_file(path_or_fileobj=readme.encode(), path_in_repo="README.md", repo_id="org/hand-card")
-    ElmoModel(tiny_config()).push_to_hub("org/hand-card")
+    torch.manual_seed(1)
+    model = ElmoModel(tiny_config())
+    model.push_to_hub("org/hand-card")
     card = ModelCard.load("org/hand-card")
     assert card.data.license == "mit" and "Notes by hand." in card.text and card_source(card.text) is None
+    assert torch.equal(ElmoModel.from_pretrained("org/hand-card").bilstm.layers[0].bias, model.bilstm.layers[0].bias)
 
 
 def test_weights_source_names_no_local_path(tmp_path):

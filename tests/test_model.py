@@ -1,9 +1,6 @@
 """ElmoModel behaviour: determinism, padding, explicit state, validation, gradients, presets, save/load."""
 
-import copy
 import json
-import pickle
-import re
 
 import numpy as np
 import pytest
@@ -67,7 +64,9 @@ def test_output_hidden_states_false_is_honoured(model, tokenizer):
         as_tuple = model(**encoded, output_hidden_states=False, return_dict=False)
     assert len(full.hidden_states) == 3 and model(**encoded, output_hidden_states=True).hidden_states is not None
     assert top_only.hidden_states is None and torch.equal(top_only.last_hidden_state, full.last_hidden_state)
-    assert len(as_tuple) == 1 and torch.equal(as_tuple[0], full.last_hidden_state)
+    # The tuple: the top layer, then the mask the layers were computed for.
+    assert len(as_tuple) == 2 and torch.equal(as_tuple[0], full.last_hidden_state)
+    assert torch.equal(as_tuple[1], encoded["attention_mask"].bool()) and torch.equal(full.attention_mask, as_tuple[1])
     lm = ElmoForBidirectionalLM(ElmoConfig(**{**tiny_config().to_dict(), "vocab_size": 7})).eval()
     with torch.no_grad():
         assert lm(**encoded, output_hidden_states=False).hidden_states is None
@@ -328,46 +327,6 @@ def test_bidirectional_lm_loss_ignores_targets_predicted_from_padding(tmp_path, 
     assert 0.1 < softmax.weight.std() < 1.0  # N(0, 1/sqrt(projection_dim = 8)) ≈ 0.35
 
 
-def test_chunked_computation_equals_unchunked(model, tokenizer):
-    """Long sentences cross the time windows of the input projections and the char-CNN chunks unchanged."""
-    model = copy.deepcopy(model)  # the fixture is shared: its options stay the defaults
-    long_sentence = [f"w{i % 97}" for i in range(300)]
-    sentences = [long_sentence, SENTENCES[0]]
-    _, chunked = run(model, tokenizer, sentences)
-    model.kernel_options = ElmoKernelOptions(lstm_time_chunk=10_000, char_cnn_chunk=10_000)
-    _, whole = run(model, tokenizer, sentences)
-    model.kernel_options = ElmoKernelOptions(lstm_time_chunk=7, char_cnn_chunk=3)
-    _, small = run(model, tokenizer, sentences)
-    for a, b, c in zip(chunked.hidden_states, whole.hidden_states, small.hidden_states):
-        assert (a - b).abs().max() <= 1e-5 and (a - c).abs().max() <= 1e-5
-    assert chunked.hidden_states[-1][0, 301].abs().sum() > 0  # the last word (</S>) was computed
-
-
-def test_float32_matmuls_choose_mkl_on_intel_cpus_and_onednn_elsewhere(monkeypatch):
-    """`onednn="auto"` (the default): MKL runs its own fastest code only on Intel CPUs (measured faster than oneDNN
-    there), its AVX2 path elsewhere (oneDNN 2-3x faster on AMD EPYC); True / False force either."""
-    from hf_elmo import kernels
-
-    for vendor, uses_onednn in (("GenuineIntel", False), ("AuthenticAMD", True), ("", True)):
-        monkeypatch.setattr(kernels, "_cpuinfo_field", lambda name, v=vendor: v if name == "vendor_id" else "")
-        kernels.intel_cpu.cache_clear()
-        assert ElmoKernelOptions().uses_onednn() is uses_onednn
-        assert ElmoKernelOptions(onednn=True).uses_onednn() and not ElmoKernelOptions(onednn=False).uses_onednn()
-    kernels.intel_cpu.cache_clear()
-
-
-def test_kernel_options_are_validated():
-    for field, value, message in [("fused_lstm", "cudnn", "'auto', 'always' or 'never'"),
-                                  ("char_cnn_chunk", 0, "char_cnn_chunk must be an integer >= 1"),
-                                  ("lstm_time_chunk", 2.5, "lstm_time_chunk must be an integer >= 1"),
-                                  ("single_row_bmm_max_weight", -1, "single_row_bmm_max_weight must be"),
-                                  ("onednn", "yes", "onednn must be True, False or 'auto'")]:
-        with pytest.raises(ValueError, match=re.escape(message)):
-            ElmoKernelOptions(**{field: value})
-    with pytest.raises(ValueError, match="token_cache_size must be an integer >= 0"):
-        ElmoInferenceCache(token_cache_size=-1)
-
-
 def test_modules_hold_no_inference_state(tokenizer):
     """Nothing but weights lives in the modules: calls leave no trace in them, so copies, pickles and concurrent
     callers see the same model."""
@@ -385,56 +344,6 @@ def test_modules_hold_no_inference_state(tokenizer):
         assert not changed, (name, changed)
 
 
-def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenizer):
-    torch.manual_seed(0)
-    cached, uncached = ElmoModel(tiny_config()).eval(), ElmoModel(tiny_config()).eval()
-    uncached.load_state_dict(cached.state_dict())
-    cache = ElmoInferenceCache()
-    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
-    distinct = len({w for s in SENTENCES for w in s}) + 2  # + <S>, </S>
-
-    def both():
-        return cached(**encoded, inference_cache=cache).last_hidden_state, uncached(**encoded).last_hidden_state
-
-    with torch.no_grad():
-        expected = uncached(**encoded).hidden_states
-        for _ in range(2):  # filled by the first call, read by the second
-            for a, b in zip(cached(**encoded, inference_cache=cache).hidden_states, expected):
-                assert (a - b).abs().max() <= 1e-6
-    assert len(cache) == distinct
-    # Smaller than one batch's vocabulary: still correct, and bounded.
-    small = ElmoInferenceCache(token_cache_size=5)
-    with torch.no_grad():
-        assert (cached(**encoded, inference_cache=small).last_hidden_state - expected[-1]).abs().max() <= 1e-6
-    assert len(small) == 5
-    assert len(ElmoInferenceCache(token_cache_size=0)) == 0
-    # A weight changed in place empties the cache.
-    with torch.no_grad():
-        for model in (cached, uncached):
-            model.char_cnn.highway.layers[0].bias.add_(0.5)
-        torch.testing.assert_close(*both())
-    # So does a weight replaced through `.data`, as some optimizers do.
-    with torch.no_grad():
-        for model in (cached, uncached):
-            model.char_cnn.projection.weight.data = model.char_cnn.projection.weight.data * 1.5
-        torch.testing.assert_close(*both())
-    # Vectors cached under autocast (bfloat16) are not served to a float32 call, nor the other way round.
-    with torch.no_grad():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            low = cached(**encoded, inference_cache=cache).last_hidden_state
-            assert low.dtype == torch.bfloat16
-        full, reference = both()
-        assert full.dtype == torch.float32
-        torch.testing.assert_close(full, reference)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            torch.testing.assert_close(cached(**encoded, inference_cache=cache).last_hidden_state, low)
-    assert len(pickle.loads(pickle.dumps(cache))) == 0 and len(copy.deepcopy(cache)) == 0  # copies are empty
-    # Training never reads or fills it.
-    cache.clear()
-    cached(**encoded, inference_cache=cache).last_hidden_state.sum().backward()
-    assert len(cache) == 0 and cached.char_cnn.convs[0].weight.grad is not None
-
-
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_char_cnn_is_the_papers_convolution_max_pool_and_activation(activation):
     """The char CNN (one matmul per filter width, the bias added after the max-pool) against `nn.Conv1d` with its
@@ -448,221 +357,13 @@ def test_char_cnn_is_the_papers_convolution_max_pool_and_activation(activation):
                                    add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     chars = cnn.char_embedding(char_ids).transpose(1, 2)  # (words, char_dim, chars)
     act = torch.tanh if activation == "tanh" else torch.relu
-    reference = cnn.projection(torch.cat([act(conv(chars).amax(dim=-1)) for conv in cnn.convs], dim=-1),
-                               model.kernel_options)
-    output = cnn.token_representation(char_ids, model.kernel_options)
+    reference = cnn.projection(torch.cat([act(conv(chars).amax(dim=-1)) for conv in cnn.convs], dim=-1))
+    output = cnn.project(cnn.convolve(char_ids))
     torch.testing.assert_close(output, reference, rtol=0, atol=1e-6)
     weights = [cnn.char_embedding.weight, *(p for conv in cnn.convs for p in (conv.weight, conv.bias))]
     for got, expected in zip(torch.autograd.grad(output.square().sum(), weights),
                              torch.autograd.grad(reference.square().sum(), weights), strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
-
-
-def test_unique_rows_gives_each_distinct_word_once_and_where_each_row_went():
-    from hf_elmo.kernels import unique_rows
-
-    ids = torch.tensor([[3, 1, 261], [2, 7, 261], [3, 1, 261], [3, 1, 262], [2, 7, 261], [-1, 300, 0]])
-    rows, inverse = unique_rows(ids)
-    assert torch.equal(rows[inverse], ids)
-    assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, torch.unique(ids, dim=0).tolist()))
-    assert inverse.dtype == torch.int64 and inverse.shape == (6,)
-    rows, inverse = unique_rows(ids[:0])
-    assert rows.shape == (0, 3) and inverse.shape == (0,)
-
-
-@pytest.mark.parametrize("chunk", [1024, 4])
-def test_char_cnn_reads_words_in_groups_of_similar_length_without_changing_values_or_gradients(chunk):
-    """Positions after a word's last character are all padding: the max-pool reads one of them, not all 50; and
-    words run in groups of similar length, so a short word is not padded to the longest word of the batch."""
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config()).train()
-    cnn = model.char_cnn
-    words = ["x" * 60, "a", "bank", "of", "rivers", "bank", "y" * 9, "b", "the", "z" * 30]  # "x" * 60 fills all 50
-    char_ids = ElmoCharTokenizer()([words], is_split_into_words=True, add_special_tokens=False,
-                                   return_tensors="pt")["input_ids"][0]
-    used = [min(50, len(word) + 2 + cnn.widest_filter) for word in words]  # the word, its markers, one window
-    assert cnn._used_positions(char_ids).tolist() == used
-    calls = []
-    hook = cnn.char_embedding.register_forward_hook(lambda module, args, output: calls.append(args[0]))
-    trimmed = cnn.embed_words(char_ids, ElmoKernelOptions(char_cnn_chunk=chunk))
-    hook.remove()
-    # Each call reads up to its longest word; with chunks of 4, groups close at every longer word (chunk // 32 = 0).
-    assert all(call.shape[1] == int(cnn._used_positions(call).max()) for call in calls)
-    if chunk == 4:
-        assert [call.shape for call in calls] == [(2, used[1]), (1, used[3]), (1, used[8]),  # a, b | of | the
-                                                  (2, used[2]), (1, used[4]), (1, used[6]),  # bank x2 | rivers | y*9
-                                                  (1, used[9]), (1, 50)]  # z*30 | x*60
-    else:
-        assert [call.shape for call in calls] == [(len(words), 50)]
-    (trimmed_grad,) = torch.autograd.grad(trimmed.square().sum(), cnn.char_embedding.weight)
-    full = cnn.token_representation(char_ids, model.kernel_options)  # every position, in the words' order
-    (full_grad,) = torch.autograd.grad(full.square().sum(), cnn.char_embedding.weight)
-    assert (trimmed - full).abs().max() <= 1e-6
-    assert (trimmed_grad - full_grad).abs().max() <= 1e-6
-
-
-def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(tokenizer):
-    import platform
-
-    from hf_elmo.kernels import onednn_available
-
-    if platform.machine() in ("x86_64", "AMD64"):
-        assert onednn_available()  # the CPU build of torch has it
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config()).eval()
-    cache = ElmoInferenceCache(token_cache_size=0)
-    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
-
-    def both_paths():
-        with torch.no_grad():
-            model.kernel_options = ElmoKernelOptions(onednn=True)
-            fast = model(**encoded).hidden_states
-            packed_once = model(**encoded, inference_cache=cache).hidden_states
-            model.kernel_options = ElmoKernelOptions(onednn=False)
-            plain = model(**encoded).hidden_states
-        for a, b, c in zip(fast, plain, packed_once):
-            assert (a - b).abs().max() <= 1e-5 and torch.equal(a, c)
-        return fast
-
-    before = both_paths()
-    layer, highway = model.bilstm.layers[0], model.char_cnn.highway.layers[0]
-    packed = [w for lstm in model.bilstm.layers for w in (lstm.recurrent_weight, lstm.projection_weight)]
-    assert {key for key, _ in cache._packed} == ({id(w) for w in packed} if onednn_available() else set())
-    with torch.no_grad():
-        layer.recurrent_weight.mul_(1.5)  # in place: the packed copy must follow
-        highway.weight.mul_(1.5)
-    after = both_paths()
-    assert (after[0] - before[0]).abs().max() > 1e-3 and (after[1] - before[1]).abs().max() > 1e-3
-    with torch.no_grad():
-        layer.projection_weight.data = layer.projection_weight.data * 0.5  # replaced, as some optimizers do
-    both_paths()
-    cache.clear()  # after changes torch cannot see (NumPy views): repacked on the next call
-    assert cache._packed == {}
-    both_paths()
-
-
-def test_bf16_autocast_packs_the_lstm_and_highway_weights_once_in_bf16_and_stays_close_to_float32(tokenizer):
-    """The opt-in CPU bf16 mode (inference under `torch.autocast("cpu", dtype=torch.bfloat16)`): the LSTM input,
-    recurrent and projection weights and the char CNN's highway and projection weights are packed once in bf16
-    (autocast would cast them again at every call and step), whatever the float32 matmul choice, and the vectors
-    stay within bf16 rounding of float32."""
-    from hf_elmo.kernels import onednn_available
-
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config()).eval()
-    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
-    cache = ElmoInferenceCache(token_cache_size=0)
-    with torch.inference_mode():
-        float32 = model(**encoded, inference_cache=cache).hidden_states
-        assert {dtype for _, dtype in cache._packed} <= {torch.float32}
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            packed = model(**encoded, inference_cache=cache).hidden_states
-            again = model(**encoded, inference_cache=cache).hidden_states
-            model.kernel_options = ElmoKernelOptions(onednn=not model.kernel_options.uses_onednn())
-            other_float32_choice = model(**encoded).hidden_states
-    bf16_entries = [entry for (_, dtype), entry in cache._packed.items() if dtype == torch.bfloat16]
-    # 3 weights of 2 LSTM layers, the 2 highway layers and the projection, packed once.
-    assert len(bf16_entries) == (9 if onednn_available() else 0)
-    assert all(matrix.dtype == torch.bfloat16 for entry in bf16_entries for matrix in entry[2])
-    mask = encoded["attention_mask"].bool()
-    for a, b, c, reference in zip(packed, again, other_float32_choice, float32):
-        assert torch.equal(a, b) and torch.equal(a, c)
-        a, reference = a.float()[mask], reference[mask]
-        assert (a - reference).abs().max() <= 0.02 * reference.abs().max()
-        assert torch.cosine_similarity(a, reference, dim=-1).min() > 0.999
-
-
-def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer):
-    """A one-sentence batch takes the batched-MKL step for small weights; forcing oneDNN changes nothing."""
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config()).eval()
-    _, small_weights = run(model, tokenizer, SENTENCES[:1])
-    model.kernel_options = ElmoKernelOptions(onednn=True, single_row_bmm_max_weight=0)
-    _, forced_onednn = run(model, tokenizer, SENTENCES[:1])
-    for a, b in zip(small_weights.hidden_states, forced_onednn.hidden_states):
-        assert (a - b).abs().max() <= 1e-6
-    assert small_weights.hidden_states[-1].abs().sum() > 0
-    # With a cache such a call reads the step weights transposed to contiguous (2, K, N) copies, which the cache
-    # keeps and remakes after changes; a batch of several rows packs them for oneDNN.
-    from hf_elmo.kernels import onednn_available
-
-    model.kernel_options = ElmoKernelOptions(onednn=True)
-    cache = ElmoInferenceCache()
-    one = tokenizer(SENTENCES[:1], is_split_into_words=True, return_tensors="pt")
-    step_weights = [w for lstm in model.bilstm.layers for w in (lstm.recurrent_weight, lstm.projection_weight)]
-    with torch.no_grad():
-        without_cache = model(**one).hidden_states
-        with_cache = model(**one, inference_cache=cache).hidden_states
-        transposed = {key[0]: entry[2] for key, entry in cache._packed.items() if key[1] == "transposed"}
-        assert transposed.keys() == {id(w) for w in step_weights}
-        assert all(torch.equal(transposed[id(w)], w.mT) and transposed[id(w)].is_contiguous() for w in step_weights)
-        assert len(cache._packed) == 4
-        model.bilstm.layers[0].recurrent_weight.mul_(1.5)  # in place: the copy must follow
-        changed = model(**one).hidden_states
-        changed_with_cache = model(**one, inference_cache=cache).hidden_states
-        two = tokenizer(SENTENCES[:2], is_split_into_words=True, padding=True, return_tensors="pt")
-        model(**two, inference_cache=cache)
-    for a, b in [*zip(without_cache, with_cache), *zip(changed, changed_with_cache)]:
-        assert (a - b).abs().max() <= 1e-6
-    assert (changed[1] - without_cache[1]).abs().max() > 1e-3
-    assert len(cache._packed) == 4 + (4 if onednn_available() else 0)
-
-
-def _with_empty_row(encoded):
-    """The batch plus one all-padding row."""
-    ids, mask = encoded["input_ids"], encoded["attention_mask"]
-    return torch.cat([ids, torch.zeros_like(ids[:1])]), torch.cat([mask, torch.zeros_like(mask[:1])])
-
-
-def test_fused_lstm_computes_the_step_loop_for_unclipped_models(tokenizer):
-    """`nn.LSTM(proj_size)` (cuDNN on a GPU) is the same function as the step loop when nothing is clipped:
-    outputs, carried state, empty rows and gradients."""
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()  # no dropout; gradients still flow
-    input_ids, attention_mask = _with_empty_row(
-        tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
-    )
-    h0, c0 = model.bilstm.zero_state(len(input_ids), attention_mask.float())
-    initial_state = (torch.randn_like(h0), torch.randn_like(c0))
-    results = {}
-    for mode in ("never", "always"):
-        model.kernel_options = ElmoKernelOptions(fused_lstm=mode)
-        model.zero_grad()
-        output = model(input_ids, attention_mask, initial_state=initial_state, return_state=True)
-        output.last_hidden_state.square().sum().backward()
-        results[mode] = output, model.bilstm.layers[0].recurrent_weight.grad.clone()
-    (loop, loop_grad), (fused, fused_grad) = results["never"], results["always"]
-    for a, b in zip((*loop.hidden_states, *loop.final_state), (*fused.hidden_states, *fused.final_state)):
-        assert (a - b).abs().max() <= 1e-5
-    assert (loop_grad - fused_grad).abs().max() <= 1e-5 * loop_grad.abs().max()
-    assert fused.hidden_states[-1][-1].abs().max() == 0  # the empty row
-    torch.testing.assert_close(fused.final_state[0][:, :, -1], initial_state[0][:, :, -1])
-
-
-def test_fused_lstm_mode_defaults_to_exactness():
-    torch.manual_seed(0)
-    clipped, unclipped = ElmoModel(tiny_config()), ElmoModel(tiny_config(cell_clip=None, proj_clip=None))
-    assert clipped.bilstm.clipped and not unclipped.bilstm.clipped
-    cpu, options = torch.zeros(1), ElmoKernelOptions()
-    assert not options.uses_fused_lstm(cpu, clipped=False) and not options.uses_fused_lstm(cpu, clipped=True)
-    assert options.uses_fused_lstm(torch.zeros(1, device="meta"), clipped=False) is False  # auto: CUDA only
-    assert ElmoKernelOptions(fused_lstm="always").uses_fused_lstm(cpu, clipped=True)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cudnn_lstm_on_gpu_matches_the_cpu_step_loop(monkeypatch, tokenizer):
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
-    _, cpu = run(model, tokenizer, SENTENCES)
-    model.cuda()
-    assert model.kernel_options.uses_fused_lstm(torch.zeros(1, device="cuda"), model.bilstm.clipped)
-    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt").to("cuda")
-    with torch.no_grad():
-        gpu = model(**encoded)
-    for a, b in zip(cpu.hidden_states, gpu.hidden_states):
-        assert (a - b.cpu()).abs().max() <= 1e-5
 
 
 class _OpsCalled(torch.utils._python_dispatch.TorchDispatchMode):
@@ -718,28 +419,3 @@ def test_torch_compile_with_inductor_gives_the_eager_vectors(tokenizer):
         expected, got = model(**encoded).hidden_states, compiled(**encoded).hidden_states
     for layer, reference in zip(got, expected, strict=True):
         assert layer.shape == reference.shape and (layer - reference).abs().max() <= 1e-5
-
-
-def test_concurrent_calls_from_threads_give_the_single_thread_vectors(tokenizer):
-    """The token cache is shared by every caller: threads evicting each other's words must not break it, nor the
-    weight forms it keeps (oneDNN packs for batches, transposed copies for one-sentence calls)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config()).eval()
-    cache = ElmoInferenceCache(token_cache_size=8)  # far fewer words than the calls use: constant eviction
-    vocabulary = [f"w{i}" for i in range(40)]
-    batches = [[[vocabulary[(7 * call + 3 * row + k) % 40] for k in range(3 + row)] for row in range(3)]
-               for call in range(60)]
-    batches = [rows[:1] if call % 3 == 0 else rows for call, rows in enumerate(batches)]  # one-row calls too
-    encoded = [tokenizer(batch, is_split_into_words=True, padding=True, return_tensors="pt") for batch in batches]
-
-    def top_layer(inputs, inference_cache=cache):
-        with torch.no_grad():
-            return model(**inputs, inference_cache=inference_cache).hidden_states[-1]
-
-    expected = [top_layer(inputs, None) for inputs in encoded]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        got = list(pool.map(top_layer, encoded * 3))
-    for output, reference in zip(got, expected * 3):
-        assert (output - reference).abs().max() <= 1e-6

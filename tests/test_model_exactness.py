@@ -8,6 +8,7 @@ from elmo_fixtures import ALLENNLP, FIXTURE_MODELS, require, sentences
 
 from hf_elmo import ElmoCharTokenizer, ElmoKernelOptions
 from hf_elmo.convert import load_legacy
+from hf_elmo.kernels import ElmoKernels
 
 TOLERANCE = 1e-5
 
@@ -74,7 +75,7 @@ def test_token_representation_matches_original(matmuls):
     encoded = tokenizer(rows, is_split_into_words=True, add_special_tokens=False, padding=True, return_tensors="pt")
     mask = encoded["attention_mask"].bool()
     with torch.no_grad():
-        actual = model.char_cnn(encoded["input_ids"], mask, matmuls)[mask].numpy()
+        actual = model.char_cnn(encoded["input_ids"], mask, ElmoKernels(matmuls, encoded["input_ids"]))[mask].numpy()
     assert np.abs(actual - expected).max() <= TOLERANCE
 
 

@@ -6,6 +6,7 @@ from elmo_fixtures import ALLENNLP, require, tiny_config
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel, ElmoScalarMix, ElmoWithScalarMixes, remove_sentence_boundaries
 from hf_elmo.convert import load_legacy
+from hf_elmo.modeling_elmo import scalar_mix
 
 
 def layers_and_mask():
@@ -48,7 +49,7 @@ def test_layer_norm_uses_each_sentences_real_positions():
     torch.testing.assert_close(mixed[1:2, :2], alone)
     assert mixed[~mask].abs().max() == 0
     # Each normalised layer has mean 0 and variance 1 over a sentence's real values.
-    normalised = mix._normalise(layers[0], mask)[0]
+    normalised = scalar_mix([layers[0]], torch.ones(1), 1.0, mask, layer_norm=True)[0]
     torch.testing.assert_close(normalised.mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
     torch.testing.assert_close(normalised.var(unbiased=False), torch.tensor(1.0), atol=1e-5, rtol=0)
 

@@ -22,6 +22,7 @@ from spacy_fixtures import (
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel, remove_sentence_boundaries
 from spacy_elmo import restore_hooks
+from spacy_elmo.layers import elmo_shim
 
 TEXT = "The bank raised rates. We sat on the river bank."
 
@@ -182,7 +183,7 @@ def test_mixed_precision_on_a_cpu_predicts_in_bf16_close_to_float32(elmo_dir, nl
     flat_bf16, flat_exact = bf16.reshape(-1, bf16.shape[-1]), exact.reshape(-1, exact.shape[-1])
     cosine = (flat_bf16 * flat_exact).sum(1) / np.linalg.norm(flat_bf16, axis=1) / np.linalg.norm(flat_exact, axis=1)
     assert cosine.min() > 0.999
-    cache = bf16_nlp.get_pipe("elmo").model.shims[0].inference_cache
+    cache = elmo_shim(bf16_nlp.get_pipe("elmo").model).inference_cache
     assert {dtype for _, dtype in cache._packed} == ({torch.bfloat16} if onednn_available() else set())
 
 
@@ -212,7 +213,7 @@ def test_pipeline_saves_the_biLM_and_loads_without_its_source(elmo_dir, tmp_path
     loaded = spacy.load(tmp_path / "pipeline")
     np.testing.assert_allclose(loaded(TEXT)._.elmo_layers, expected, atol=1e-6)
     pretrained = ElmoModel.from_pretrained(elmo_dir).state_dict()
-    for name, tensor in loaded.get_pipe("elmo").model.shims[0].elmo.state_dict().items():
+    for name, tensor in elmo_shim(loaded.get_pipe("elmo").model).elmo.state_dict().items():
         assert torch.equal(tensor, pretrained[name]), name
     from_bytes = spacy.blank("en")
     from_bytes.add_pipe("elmo", config={"model": {"name": str(tmp_path / "gone")}})
@@ -220,7 +221,8 @@ def test_pipeline_saves_the_biLM_and_loads_without_its_source(elmo_dir, tmp_path
     np.testing.assert_allclose(from_bytes(TEXT)._.elmo_layers, expected, atol=1e-6)
     # Settings of the biLM layer come from the (edited) config, not from the saved model.
     edited = spacy.load(tmp_path / "pipeline", config={"components": {"elmo": {"model": {"max_batch_tokens": 7}}}})
-    assert edited.get_pipe("elmo").model.attrs["settings"].max_batch_tokens == 7
+    batches = next(node for node in edited.get_pipe("elmo").model.walk() if node.name == "elmo_sentence_batches")
+    assert batches.attrs["max_batch_tokens"].value == 7
 
 
 def test_pipeline_pickles(nlp):
@@ -266,7 +268,7 @@ def test_threads_sharing_one_pipeline_get_the_single_thread_vectors(elmo_dir):
     nlp = elmo_pipeline(elmo_dir)
     texts = [f"Sentence {i} has the bank of the river {i % 7} and {'more words ' * (i % 5)}." for i in range(40)]
     expected = [nlp(text)._.elmo_layers for text in texts]
-    elmo = nlp.get_pipe("elmo").model.shims[0].elmo
+    elmo = elmo_shim(nlp.get_pipe("elmo").model).elmo
     assert elmo is not None and elmo.config.dropout > 0
     modes = []  # whether the biLM's dropout was on, at each of its calls
     hook = elmo.bilstm.dropout.register_forward_pre_hook(lambda module, args: modes.append(module.training))
@@ -277,3 +279,34 @@ def test_threads_sharing_one_pipeline_get_the_single_thread_vectors(elmo_dir):
     assert not elmo.training
     for layers, reference in zip(got, expected * 5):
         np.testing.assert_array_equal(layers, reference)
+
+
+def test_a_pipeline_saved_before_the_redesign_loads_and_gives_the_same_outputs():
+    """tests/data/pipeline-05bb94e: elmo (a tiny random biLM) with an NER and a textcat listening through
+    ScalarMix.v1 and .v2, trained 5 steps and saved by commit 05bb94e, before the scalar mix, the spaCy biLM layer and
+    the model's kernels were rewritten; its outputs then are in the .expected.json beside it."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    nlp = spacy.load(data / "pipeline-05bb94e")
+    expected = json.loads((data / "pipeline-05bb94e.expected.json").read_text())
+    docs = nlp.pipe(expected["texts"])  # one batch, as they were made (spaCy scores a batch of empty Docs 0)
+    for doc, cats, ents in zip(docs, expected["cats"], expected["ents"], strict=True):
+        assert doc.cats.keys() == cats.keys()
+        assert all(abs(doc.cats[label] - score) <= 1e-6 for label, score in cats.items()), (doc.cats, cats)
+        assert [[e.start, e.end, e.label_] for e in doc.ents] == ents
+
+
+def test_importing_the_plugin_leaves_the_threads_of_other_forked_children_alone():
+    """Only the component's own worker processes run torch single-threaded; importing the plugin changes nothing for
+    any other child of the process (it used to register an at-fork hook at import)."""
+    script = """
+import os, torch, spacy_elmo
+torch.set_num_threads(2)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if torch.get_num_threads() == 2 else 1)
+print("threads kept" if os.waitpid(pid, 0)[1] == 0 else "threads changed")
+"""
+    assert run_python(script).strip() == "threads kept"

@@ -17,8 +17,8 @@ from spacy_fixtures import (
 )
 from thinc.api import Config, with_padded
 
-from spacy_elmo.architectures import elmo_bilm_v1, elmo_listener_v1, scalar_mix_v1, scalar_mix_v2, tok2vec_elmo_v1
-from spacy_elmo.layers import BiattentiveEncoder, ElmoListener, biattentive_encoder, set_bilm_weights
+from spacy_elmo.architectures import elmo_bilm_v2, elmo_listener_v1, scalar_mix_v1, scalar_mix_v2, tok2vec_elmo_v1
+from spacy_elmo.layers import BiattentiveEncoder, ElmoListener, biattentive_encoder, elmo_shim, set_bilm_weights
 from spacy_elmo.span_getters import configure_doc_spans, configure_sent_spans, configure_sentence_spans
 from spacy_elmo.weights import load_pretrained, random_bilm
 
@@ -307,12 +307,12 @@ def test_sentence_spans_find_sentences_for_the_biLM_without_annotating_the_doc()
 
 def test_bilm_layer_loads_lazily_and_backpropagates_into_the_biLM(elmo_dir):
     vocab = spacy.blank("en").vocab
-    bilm = elmo_bilm_v1(configure_sent_spans(200), name=str(elmo_dir), max_batch_tokens=8)
+    bilm = elmo_bilm_v2(configure_sent_spans(200), name=str(elmo_dir), max_batch_tokens=8)
     docs = [Doc(vocab, words="The bank raised rates .".split()), Doc(vocab, words=[]), Doc(vocab, words=["Hi"])]
     Ys, backprop = bilm.begin_update(docs)  # first use loads the weights from `name`
     assert [Y.shape for Y in Ys] == [(N_LAYERS, 5, WIDTH), (N_LAYERS, 0, WIDTH), (N_LAYERS, 1, WIDTH)]
     assert (bilm.get_dim("nO"), bilm.get_dim("nL")) == (WIDTH, N_LAYERS)
-    elmo = bilm.shims[0].elmo
+    elmo = elmo_shim(bilm).elmo
     assert all(p.grad is None for p in elmo.parameters())
     backprop([np.ones_like(Y) for Y in Ys])
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in elmo.bilstm.parameters())
@@ -323,13 +323,13 @@ def test_standalone_tok2vec_elmo_is_frozen_unless_asked(elmo_dir):
     docs = [Doc(vocab, words="The bank raised rates .".split())]
     for freeze in (True, False):
         model = tok2vec_elmo_v1(
-            elmo_bilm_v1(configure_sent_spans(200), name=str(elmo_dir)), scalar_mix_v1(3), WIDTH, freeze=freeze
+            elmo_bilm_v2(configure_sent_spans(200), name=str(elmo_dir)), scalar_mix_v1(3), WIDTH, freeze=freeze
         )
         model.initialize(X=docs)
         Ys, backprop = model.begin_update(docs)
         assert Ys[0].shape == (5, WIDTH)
         backprop([np.ones_like(Y) for Y in Ys])
-        elmo = next(node for node in model.walk() if node.name == "elmo_bilm").shims[0].elmo
+        elmo = elmo_shim(model).elmo
         assert all(p.grad is None for p in elmo.parameters()) == freeze
 
 
@@ -358,7 +358,7 @@ def test_weight_loaders_give_the_same_biLM(elmo_dir):
                                random_bilm("small", {"lstm_dim": 16, "projection_dim": 8}).state_dict())
     with pytest.raises(ValueError, match="paths.elmo_model"):
         load_pretrained(None)
-    bilm = elmo_bilm_v1(configure_sent_spans(200))
+    bilm = elmo_bilm_v2(configure_sent_spans(200))
     with pytest.raises(TypeError, match="ElmoModel"):
         set_bilm_weights(bilm, "not a model")
 
@@ -401,3 +401,72 @@ def test_biattentive_encoder_takes_empty_batches_and_texts():
         assert [d.shape for d in backprop(outputs)] == [(0, 5)] * len(texts)
     with pytest.raises(ValueError, match="width must be even"):
         biattentive_encoder(5, 7, 6, dropout=0.0)
+
+
+# -- the layers of the biLM layer ----------------------------------------------------------------------------------
+
+
+def test_doc_sentences_leave_whitespace_tokens_out_and_sentence_batches_keep_the_budget():
+    from spacy_elmo.layers.bilm import doc_sentences, sentence_batches
+
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words=["A", " ", "b", "c", "d"]), Doc(vocab, words=[]), Doc(vocab, words=["x", "y"])]
+    rows, _ = doc_sentences(configure_doc_spans(2))(docs, is_train=False)
+    assert rows.doc_lengths == [5, 0, 2]
+    [sentences] = rows.batches
+    assert [(s.doc, s.tokens.tolist(), s.words) for s in sentences] == [  # windows of 2 tokens, spaces left out
+        (0, [0], ["A"]), (0, [2, 3], ["b", "c"]), (0, [4], ["d"]), (2, [0, 1], ["x", "y"])]
+    batched, _ = sentence_batches(8)(rows, is_train=False)  # longest first, 8 padded positions at most
+    assert [[s.words for s in batch] for batch in batched.batches] == [[["b", "c"], ["x", "y"]], [["A"], ["d"]]]
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        sentence_batches(0)
+
+
+def test_elmo_torch_strip_boundaries_and_to_docs_are_the_model_on_each_row_and_backpropagate(elmo_dir):
+    from hf_elmo import ElmoCharTokenizer, ElmoModel
+    from spacy_elmo.layers.bilm import Sentence, SentenceBatches, elmo_torch, strip_boundaries, to_docs
+
+    torch_layer = elmo_torch(str(elmo_dir))
+    sentences = [Sentence(0, np.array([0, 2]), ["The", "bank"]), Sentence(1, np.array([0]), ["Hi"])]
+    model = ElmoModel.from_pretrained(elmo_dir).eval()
+    encoded = ElmoCharTokenizer()([["The", "bank"], ["Hi"]], is_split_into_words=True, padding=True,
+                                  return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.stack(model(**encoded).hidden_states).numpy()
+    np.testing.assert_allclose(torch_layer.predict(sentences), expected, atol=1e-5)
+    layers, backprop = torch_layer(sentences, is_train=True)  # fine-tuning: the biLM's dropout is on
+    assert layers.shape == (N_LAYERS, 2, 4, WIDTH)
+    rows = SentenceBatches([3, 1], [sentences], [layers])
+    stripped, strip_backprop = strip_boundaries()(rows, is_train=True)
+    assert stripped.layers[0].shape == (N_LAYERS, 2, 2, WIDTH)
+    docs_layer = to_docs()
+    docs_layer.set_dim("nO", WIDTH)
+    docs_layer.set_dim("nL", N_LAYERS)
+    outputs, docs_backprop = docs_layer(stripped, is_train=True)
+    assert [o.shape for o in outputs] == [(N_LAYERS, 3, WIDTH), (N_LAYERS, 1, WIDTH)]
+    np.testing.assert_array_equal(outputs[0][:, [0, 2]], layers[:, 0, 1:3])
+    assert not outputs[0][:, 1].any()  # a token the sentence left out (whitespace) keeps a zero row
+    d_outputs = [np.ones_like(o) for o in outputs]
+    d_rows = strip_backprop(docs_backprop(d_outputs))
+    [d_layers] = d_rows.layers
+    assert d_layers[:, 0, 1:3].all() and not d_layers[:, 0, [0, 3]].any()  # the words, not the boundaries
+    assert d_layers[:, 1, 1].all() and not d_layers[:, 1, [0, 2, 3]].any()
+    backprop(d_layers)
+    assert all(p.grad is not None for p in elmo_shim(torch_layer).elmo.bilstm.parameters())
+
+
+def test_bilm_v1_is_the_v2_layers_behind_the_one_node_saved_pipelines_have(elmo_dir):
+    from spacy_elmo.architectures import elmo_bilm_v1
+
+    vocab = spacy.blank("en").vocab
+    docs = [Doc(vocab, words="The bank raised rates .".split()), Doc(vocab, words=[" ", "Hi"])]
+    v1, v2 = (make(configure_sent_spans(200), name=str(elmo_dir)) for make in (elmo_bilm_v1, elmo_bilm_v2))
+    assert len(list(v1.walk())) == 1 and len(v1.shims) == 1  # as saved by ElmoBiLM.v1
+    assert [layer.name for layer in v2.layers] == [
+        "elmo_doc_sentences", "elmo_sentence_batches", "elmo_each_batch", "elmo_strip_boundaries", "elmo_to_docs"]
+    assert v2.layers[2].layers[0].name == "elmo_torch"
+    for a, b in zip(v1.predict(docs), v2.predict(docs), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert (v1.get_dim("nO"), v1.get_dim("nL")) == (v2.get_dim("nO"), v2.get_dim("nL")) == (WIDTH, N_LAYERS)
+    restored = elmo_bilm_v1(configure_sent_spans(200), name="").from_bytes(v1.to_bytes())
+    np.testing.assert_allclose(restored.predict(docs)[0], v1.predict(docs)[0], atol=1e-6)

@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from hf_elmo import ElmoModel
 from spacy_elmo.cli import app as elmo_app
+from spacy_elmo.layers import elmo_shim
 
 TEXTS = [
     "The European Commission said on Thursday it disagreed with German advice to consumers.",
@@ -127,7 +128,7 @@ def test_mix_trained_and_frozen_biLM_bit_identical(trained, task):
     assert len(mixes) == {"ner": 1, "textcat": 2}[task]
     for s, gamma in mixes:
         assert np.abs(s).max() > 1e-3 and abs(float(gamma[0]) - 1.0) > 1e-3
-    state = nlp.get_pipe("elmo").model.shims[0].elmo.state_dict()
+    state = elmo_shim(nlp.get_pipe("elmo").model).elmo.state_dict()
     assert state.keys() == pretrained.keys()
     assert all(torch.equal(state[name], pretrained[name]) for name in state)
 

@@ -20,6 +20,7 @@ from thinc.api import Adam, Config, fix_random_seed
 
 from hf_elmo import ElmoModel
 from spacy_elmo.corpora import read_conll2003
+from spacy_elmo.layers import elmo_shim
 from spacy_elmo.pipeline_component import FrozenLayersCache
 
 PIPELINE_CONFIG = """
@@ -34,7 +35,7 @@ factory = "elmo"
 freeze = {freeze}
 
 [components.elmo.model]
-@architectures = "spacy-elmo.ElmoBiLM.v1"
+@architectures = "spacy-elmo.ElmoBiLM.v2"
 name = ""
 
 [components.elmo.model.get_spans]
@@ -161,7 +162,7 @@ def mixes(nlp, component):
 
 
 def bilm_state(nlp):
-    return {name: tensor.clone() for name, tensor in nlp.get_pipe("elmo").model.shims[0].elmo.state_dict().items()}
+    return {name: tensor.clone() for name, tensor in elmo_shim(nlp.get_pipe("elmo").model).elmo.state_dict().items()}
 
 
 def train(nlp, examples, steps):
@@ -326,7 +327,7 @@ pipeline = ["elmo", "tagger", "spancat"]
 factory = "elmo"
 
 [components.elmo.model]
-@architectures = "spacy-elmo.ElmoBiLM.v1"
+@architectures = "spacy-elmo.ElmoBiLM.v2"
 name = "{elmo_dir}"
 
 [components.elmo.model.get_spans]

@@ -64,22 +64,6 @@ def test_bilm_tf_batcher_shape(tokenizer):
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
 
 
-@pytest.mark.parametrize("text,words", [
-    ("Don't stop!", ["Don", "'t", "stop", "!"]),
-    ("It's the U.S. economy, isn't it?", ["It", "'s", "the", "U.S.", "economy", ",", "isn", "'t", "it", "?"]),
-    ("Costs $1,000.50 (2020-01-01).", ["Costs", "$", "1,000.50", "(", "2020-01-01", ")", "."]),
-    ("a well-known 'quote'", ["a", "well-known", "'", "quote", "'"]),
-    ("  spaced\tout\n", ["spaced", "out"]),
-    ("中文字", ["中", "文", "字"]),
-    ("ok 👍🏽!", ["ok", "👍🏽", "!"]),
-    ("café naïve", ["café", "naïve"]),
-    ("", []),
-    (" \t\n ", []),
-])
-def test_raw_text_splitting(text, words):
-    assert split_words(text) == words
-
-
 def test_raw_text_and_pre_tokenized_agree(tokenizer):
     raw = tokenizer("Don't stop!", return_tensors="pt")
     words = tokenizer(["Don", "'t", "stop", "!"], is_split_into_words=True, return_tensors="pt")

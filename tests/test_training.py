@@ -153,17 +153,6 @@ def test_a_line_gives_the_same_char_ids_in_training_and_in_elmo_embed(tmp_path):
     assert WordVocabulary(["<S>", "</S>", "<UNK>", "a\xa0b"]).words[3] == "a\xa0b"  # bilm-tf files load as before
 
 
-def test_word_tokenizers_by_name():
-    assert get_word_tokenizer("whitespace")(["a  b\tc"]) == [["a", "b", "c"]]
-    assert get_word_tokenizer("elmo")(["Don't stop."]) == [["Don", "'t", "stop", "."]]
-    pytest.importorskip("spacy")
-    assert get_word_tokenizer("spacy:en")(["Don't  stop, U.S. friends."]) == [
-        ["Do", "n't", "stop", ",", "U.S.", "friends", "."]
-    ]
-    with pytest.raises(ValueError, match="unknown word tokenizer"):
-        get_word_tokenizer("moses")
-
-
 # -- batches -----------------------------------------------------------------------------------------------------
 
 def test_long_lines_are_cut_into_pieces_whose_inner_boundaries_are_no_targets():
@@ -250,7 +239,8 @@ def test_the_objective_counts_every_real_target_once_whatever_the_padding():
     assert int(output.n_targets) == n_targets
     torch.testing.assert_close(0.5 * (output.forward_loss_sum + output.backward_loss_sum) / n_targets, output.loss)
     lengths = batch["attention_mask"].sum(dim=1).tolist()
-    rows = [{key: value[i : i + 1, :length] for key, value in batch.items()} for i, length in enumerate(lengths)]
+    rows = [{**{key: batch[key][i : i + 1, :length] for key in ("input_ids", "attention_mask", "labels")},
+             "lengths": (length,)} for i, length in enumerate(lengths)]
     alone = [objective(**row) for row in rows]
     torch.testing.assert_close(output.forward_loss_sum, sum(row.forward_loss_sum for row in alone))
     torch.testing.assert_close(output.backward_loss_sum, sum(row.backward_loss_sum for row in alone))

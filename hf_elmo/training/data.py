@@ -17,6 +17,7 @@ import itertools
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,25 +65,19 @@ def group_by_length(segments: Sequence[Segment], batch_tokens: int) -> list[list
 
 def encode_batch(
     segments: Sequence[Segment], char_tokenizer: ElmoCharTokenizer, vocabulary: WordVocabulary
-) -> dict[str, torch.Tensor]:
-    """Model inputs of a batch: `input_ids` (batch, positions, chars), `attention_mask` (batch, positions) and
-    `labels` (batch, positions) = softmax ids of `<S>`, the words and `</S>`, -100 at padding and at the ends of
-    pieces that are not the ends of a line."""
-    input_ids = char_tokenizer.batch_char_ids([segment.words for segment in segments])
-    attention_mask = (input_ids[:, :, 0] > 0).astype(np.int64)
-    labels = np.full(attention_mask.shape, IGNORE_INDEX, dtype=np.int64)
-    for row, segment in enumerate(segments):
-        length = len(segment.words) + 2
+) -> dict[str, Any]:
+    """Model inputs of a batch: the `ElmoBatch` (`input_ids` (batch, positions, chars), `attention_mask` (batch,
+    positions), `lengths` on the host) and `labels` (batch, positions) = softmax ids of `<S>`, the words and `</S>`,
+    -100 at padding and at the ends of pieces that are not the ends of a line."""
+    batch = char_tokenizer.batch([segment.words for segment in segments])
+    labels = np.full(batch.attention_mask.shape, IGNORE_INDEX, dtype=np.int64)
+    for row, (segment, length) in enumerate(zip(segments, batch.lengths)):
         labels[row, :length] = vocabulary.encode(segment.words)
         if not segment.starts_line:
             labels[row, 0] = IGNORE_INDEX
         if not segment.ends_line:
             labels[row, length - 1] = IGNORE_INDEX
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "attention_mask": torch.from_numpy(attention_mask),
-        "labels": torch.from_numpy(labels),
-    }
+    return {**batch, "labels": torch.from_numpy(labels)}
 
 
 class LMBatches(IterableDataset):

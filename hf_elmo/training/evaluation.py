@@ -51,7 +51,7 @@ def evaluate(
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     for batch in tqdm(batches, desc="evaluating", unit=" batches", disable=not progress, leave=False):
         inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}
-        output = objective(**inputs)
+        output = objective(**inputs, lengths=batch["lengths"])
         sums += torch.stack([output.forward_loss_sum.double(), output.backward_loss_sum.double(),
                              output.n_targets.double()])
     if accelerator is not None:

@@ -11,6 +11,7 @@ by both directions. Evaluation always uses the full softmax.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -174,13 +175,18 @@ class BidirectionalLMLoss(nn.Module):
         self.encoder_frozen = False
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        lengths: Sequence[int] | None = None,
     ) -> BidirectionalLMLossOutput:
-        """input_ids (batch, positions, chars), attention_mask and labels (batch, positions) as `encode_batch`
-        makes them: the forward LM at position t predicts labels[t + 1], the backward LM labels[t - 1]."""
+        """input_ids (batch, positions, chars), attention_mask and labels (batch, positions), and the rows' lengths
+        on the host, as `encode_batch` makes them: the forward LM at position t predicts labels[t + 1], the backward
+        LM labels[t - 1]."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.encoder_frozen):
-            _, forward_states, backward_states = self.lm.lm_states(input_ids, attention_mask)
-        forward_mask, backward_mask = lm_target_masks(attention_mask, labels)
+            outputs, forward_states, backward_states = self.lm.lm_states(input_ids, attention_mask, lengths=lengths)
+        forward_mask, backward_mask = lm_target_masks(outputs.attention_mask, labels)
         hidden = torch.cat([forward_states[:, :-1][forward_mask], backward_states[:, 1:][backward_mask]])
         targets = torch.cat([labels[:, 1:][forward_mask], labels[:, :-1][backward_mask]])
         softmax = self.lm.get_output_embeddings()

@@ -392,7 +392,8 @@ class Pretraining:
         checkpoint as the arguments say."""
         args, accelerator, objective = self.args, self.accelerator, self.objective
         position = DataPosition(*batch.pop("position"))
-        batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()}
+        batch = {key: value.to(accelerator.device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+                 for key, value in batch.items()}
         accelerator.unwrap_model(objective).encoder_frozen = self.step < self.softmax_only_steps
         with accelerator.accumulate(objective):
             output = objective(**batch)

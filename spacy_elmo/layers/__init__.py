@@ -1,7 +1,7 @@
 """Thinc layers of the ELMo plugin: the biLM, the listener, the scalar mix, pooling help and the BCN encoder."""
 
 from .biattention import BiattentiveEncoder, biattentive_encoder
-from .bilm import ElmoShim, build_bilm, set_bilm_weights, standalone_bilm
+from .bilm import ElmoShim, build_bilm, build_bilm_v1, elmo_shim, set_bilm_weights, standalone_bilm
 from .listener import ElmoListener, replace_listener, replace_listener_cfg
 from .pooling import at_least_one_row
 from .scalar_mix import scalar_mix
@@ -13,6 +13,8 @@ __all__ = [
     "at_least_one_row",
     "biattentive_encoder",
     "build_bilm",
+    "build_bilm_v1",
+    "elmo_shim",
     "replace_listener",
     "replace_listener_cfg",
     "scalar_mix",

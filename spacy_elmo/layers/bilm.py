@@ -1,16 +1,26 @@
-"""The biLM as a Thinc layer: Docs → per Doc an array (n_layers + 1, n_tokens, width) of ELMo layers.
+"""The biLM as Thinc layers: Docs → per Doc an array (n_layers + 1, n_tokens, width) of ELMo layers.
 
-Data flow: span getter (sentences or windows) → each span's non-whitespace tokens as words → spans sorted by
-length and grouped into batches of at most `max_batch_tokens` padded positions → character ids (with `<S>`,
-`</S>`) → `ElmoModel` in an `ElmoShim` → boundaries and padding dropped → rows scattered back to their Doc.
-Whitespace tokens are not fed to the biLM (it never saw them in training); their rows are zeros.
+`build_bilm` (`spacy-elmo.ElmoBiLM.v2`) chains five small layers, one step of the data flow each:
+
+1. `doc_sentences`: the span getter's sentences (or windows) of every Doc, each as its non-whitespace tokens (the
+   biLM never saw whitespace in training; those tokens get zero rows);
+2. `sentence_batches`: the sentences grouped into length-sorted batches of at most `max_batch_tokens` padded
+   positions (`hf_elmo.text.length_batches`);
+3. `each_batch(elmo_torch)`: per batch, the `ElmoBatch` of its words (character ids with `<S>`/`</S>` rows) through
+   the `ElmoModel` in an `ElmoShim` (Thinc's PyTorch wrapper), giving its layers (n_layers + 1, rows, positions,
+   width);
+4. `strip_boundaries`: the `<S>`/`</S>` positions dropped;
+5. `to_docs`: each row's vectors put back at its tokens' places in its Doc's array.
+
+`build_bilm_v1` (`spacy-elmo.ElmoBiLM.v1`) runs the same layers behind the one node, holding the shim, that
+pipelines saved with it have.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -18,15 +28,17 @@ import numpy as np
 import srsly
 import torch
 from spacy.tokens import Doc
-from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, PyTorchShim, get_torch_default_device, torch2xp, xp2torch
-from thinc.types import Floats3d
+from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, PyTorchShim, get_torch_default_device
+from thinc.layers.chain import forward as chain_forward
+from thinc.layers.pytorchwrapper import forward as pytorch_forward
+from thinc.types import Floats3d, Floats4d
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel
-from hf_elmo.kernels import native_bf16_cpu
 from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
 from ..weights import load_pretrained
+from .tensors import to_torch, to_xp
 
 NO_WEIGHTS_ERROR = (
     "The ELMo biLM has no weights: its `name` is empty. Give its source: `\"default\"` (the English model shipped "
@@ -44,8 +56,8 @@ class ElmoShim(PyTorchShim):
     Serialised as the biLM's `ElmoConfig` plus its tensors (msgpack, no pickle), so a pipeline directory holds
     everything needed to rebuild the biLM without its original source.
 
-    `mixed_precision`: Thinc's CUDA autocast (float16) on a GPU; on a CPU, predictions under bf16 autocast (the
-    biLM's opt-in bf16 mode, for CPUs with AMX / AVX512-BF16; a warning elsewhere), fine-tuning in float32.
+    `mixed_precision`: predictions under autocast, bf16 on a CPU (the biLM's opt-in bf16 mode, for CPUs with AMX /
+    AVX512-BF16) and float16 on a GPU; fine-tuning under Thinc's CUDA autocast.
     """
 
     def __init__(self, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
@@ -65,13 +77,13 @@ class ElmoShim(PyTorchShim):
         """Use `elmo` (moved to the current Thinc device)."""
         self._model = elmo.to(get_torch_default_device())
         self.inference_cache.clear()
-        if self._cpu_bf16 and not native_bf16_cpu():
-            warnings.warn("mixed_precision on a CPU runs the biLM in bf16, but this CPU has no native bf16 "
-                          "(AVX512-BF16 or AMX): it is emulated, and slower than float32", stacklevel=2)
 
-    @property
-    def _cpu_bf16(self) -> bool:
-        return self._mixed_precision and self.device.type == "cpu"
+    def begin_update(self, inputs: ArgsKwargs) -> tuple[Any, Callable]:
+        """Thinc's: the module in training mode (dropout on: the biLM is fine-tuned), under CUDA autocast with
+        mixed precision (on a CPU, where torch declines CUDA autocast with a warning at every call, float32)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="User provided device_type of 'cuda', but CUDA is not available")
+            return super().begin_update(inputs)
 
     def predict(self, inputs: ArgsKwargs) -> Any:
         """The biLM's outputs without gradient, in eval mode (no dropout). Unlike Thinc's `predict`, the module is
@@ -82,7 +94,7 @@ class ElmoShim(PyTorchShim):
         device = self.device.type
         dtype = torch.bfloat16 if device == "cpu" else torch.float16
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=self._mixed_precision):
-            return self._model(*inputs.args, **inputs.kwargs)
+            return self._model(*inputs.args, **inputs.kwargs, inference_cache=self.inference_cache)
 
     def finish_update(self, optimizer) -> None:
         if self._model is None:
@@ -118,31 +130,184 @@ class ElmoShim(PyTorchShim):
         return self
 
 
+# -- what flows between the layers --------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
-class BiLMSettings:
-    """Run-time settings of the biLM layer. Kept in one object that msgpack cannot serialise, on purpose:
-    Thinc restores serialisable attrs from disk, and these must come from the (possibly edited) config."""
-
-    name: str
-    get_spans: SpanGetter
-    max_batch_tokens: int
-
-
-@dataclass
-class _Segment:
-    """One biLM row: the Doc it belongs to, its tokens' indices in that Doc and their texts."""
+class Sentence:
+    """One biLM row: the Doc it belongs to, its tokens' indices in that Doc (whitespace tokens left out) and their
+    texts."""
 
     doc: int
     tokens: np.ndarray
     words: list[str]
 
-    def index(self, model: Model) -> slice | Any:
-        """The row's positions in its Doc's arrays: a slice, or indices on the model's device when whitespace
-        tokens were left out."""
+    def index(self, ops: Any) -> slice | Any:
+        """The row's positions in its Doc's arrays: a slice, or indices on `ops`' device when whitespace tokens were
+        left out."""
         first, last = int(self.tokens[0]), int(self.tokens[-1])
         if last - first + 1 == len(self.tokens):
             return slice(first, last + 1)
-        return model.ops.asarray_i(self.tokens)
+        return ops.asarray_i(self.tokens)
+
+
+@dataclass(frozen=True)
+class SentenceBatches:
+    """The sentences of a batch of Docs as the biLM reads them: `doc_lengths` (tokens per Doc), the sentences in
+    `batches`, and once the biLM ran, each batch's `layers` (n_layers + 1, rows, positions, width)."""
+
+    doc_lengths: list[int]
+    batches: list[list[Sentence]]
+    layers: list[Floats4d] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting of a layer that comes from the config at every load: msgpack cannot serialise it, so Thinc never
+    restores it from a saved pipeline (a config edited since keeps its new value)."""
+
+    value: Any
+
+
+# -- the layers ---------------------------------------------------------------------------------------------------
+
+
+def doc_sentences(get_spans: SpanGetter) -> Model[list[Doc], SentenceBatches]:
+    """Docs → their sentences (the span getter's spans) as one list of `Sentence`s."""
+    return Model("elmo_doc_sentences", doc_sentences_forward, attrs={"get_spans": Setting(get_spans)})
+
+
+def doc_sentences_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[SentenceBatches, Callable]:
+    sentences = []
+    for doc_index, spans in enumerate(model.attrs["get_spans"].value(list(docs))):
+        for span in spans:
+            tokens = [token for token in span if not token.is_space]
+            if tokens:
+                indices = np.fromiter((token.i for token in tokens), dtype="int32", count=len(tokens))
+                sentences.append(Sentence(doc_index, indices, [token.text for token in tokens]))
+    return SentenceBatches([len(doc) for doc in docs], [sentences]), _no_gradient
+
+
+def sentence_batches(max_batch_tokens: int) -> Model[SentenceBatches, SentenceBatches]:
+    """Sentences → batches, longest first, of at most `max_batch_tokens` padded positions each."""
+    if max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    return Model("elmo_sentence_batches", sentence_batches_forward,
+                 attrs={"max_batch_tokens": Setting(max_batch_tokens)})
+
+
+def sentence_batches_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tuple[SentenceBatches, Callable]:
+    sentences = [sentence for batch in rows.batches for sentence in batch]
+    batches = length_batches([len(s.words) for s in sentences], model.attrs["max_batch_tokens"].value)
+    return replace(rows, batches=[[sentences[i] for i in batch] for batch in batches]), _no_gradient
+
+
+def elmo_torch(
+    name: str, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None
+) -> Model[list[Sentence], Floats4d]:
+    """One batch of sentences → its biLM layers (n_layers + 1, rows, positions, width), float32: Thinc's PyTorch
+    wrapper around the `ElmoModel` of an `ElmoShim`, read from `name` on first use if no weights were set or
+    loaded before."""
+    return Model(
+        "elmo_torch",
+        pytorch_forward,
+        attrs={"convert_inputs": batch_to_torch, "convert_outputs": layers_from_torch, "name": Setting(name)},
+        shims=[ElmoShim(mixed_precision=mixed_precision, grad_scaler=grad_scaler)],
+    )
+
+
+def batch_to_torch(model: Model, sentences: list[Sentence], is_train: bool) -> tuple[ArgsKwargs, Callable]:
+    """The `ElmoBatch` of the sentences' words, on the biLM's device, as the model's keyword arguments."""
+    elmo = bilm_weights(model)
+    tokenizer = char_tokenizer(elmo.config.max_characters_per_token)
+    batch = tokenizer.batch([sentence.words for sentence in sentences]).to(model.shims[0].device)
+    return ArgsKwargs(args=(), kwargs=dict(batch)), _no_gradient
+
+
+def layers_from_torch(model: Model, inputs_outputs: tuple[Any, Any], is_train: bool) -> tuple[Floats4d, Callable]:
+    _, output = inputs_outputs
+    hidden = torch.stack(output.hidden_states).float()
+
+    def get_d_hidden(d_layers: Floats4d) -> ArgsKwargs:
+        return ArgsKwargs(args=((hidden,),), kwargs={"grad_tensors": (to_torch(d_layers),)})
+
+    return to_xp(hidden, model.ops), get_d_hidden
+
+
+def each_batch(layer: Model[list[Sentence], Floats4d]) -> Model[SentenceBatches, SentenceBatches]:
+    """`layer` run on every batch of sentences, its outputs kept in order as the batches' `layers`."""
+    return Model("elmo_each_batch", each_batch_forward, layers=[layer])
+
+
+def each_batch_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tuple[SentenceBatches, Callable]:
+    layer = model.layers[0]
+    outputs = [layer(batch, is_train) for batch in rows.batches]
+
+    def backprop(d_rows: SentenceBatches) -> SentenceBatches:
+        for (_, backprop_batch), d_layers in zip(outputs, d_rows.layers):
+            backprop_batch(d_layers)
+        return replace(d_rows, layers=[])
+
+    return replace(rows, layers=[layers for layers, _ in outputs]), backprop
+
+
+def strip_boundaries() -> Model[SentenceBatches, SentenceBatches]:
+    """Each batch's layers without the `<S>` and `</S>` positions: (…, positions, width) → (…, positions - 2,
+    width); position j of a row is then its word j."""
+    return Model("elmo_strip_boundaries", strip_boundaries_forward)
+
+
+def strip_boundaries_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tuple[SentenceBatches, Callable]:
+    # Past a row's </S> there is padding: its positions stay, as any other padding; the first one is where </S> was.
+    shapes = [layers.shape for layers in rows.layers]
+
+    def backprop(d_rows: SentenceBatches) -> SentenceBatches:
+        d_layers = []
+        for shape, d_words in zip(shapes, d_rows.layers):
+            d_full = model.ops.alloc(shape, dtype="f")
+            d_full[:, :, 1:-1] = d_words
+            d_layers.append(d_full)
+        return replace(d_rows, layers=d_layers)
+
+    return replace(rows, layers=[layers[:, :, 1:-1] for layers in rows.layers]), backprop
+
+
+def to_docs() -> Model[SentenceBatches, list[Floats3d]]:
+    """Every row's word vectors put at its tokens' places in its Doc's array (nL, n_tokens, nO); whitespace tokens
+    keep zero rows."""
+    return Model("elmo_to_docs", to_docs_forward, dims={"nO": None, "nL": None})
+
+
+def to_docs_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tuple[list[Floats3d], Callable]:
+    ops = model.ops
+    n_layers, width = model.get_dim("nL"), model.get_dim("nO")
+    outputs = [ops.alloc3f(n_layers, n_tokens, width) for n_tokens in rows.doc_lengths]
+    for batch, layers in zip(rows.batches, rows.layers):
+        for row, sentence in enumerate(batch):
+            outputs[sentence.doc][:, sentence.index(ops)] = layers[:, row, : len(sentence.words)]
+
+    def backprop(d_outputs: list[Floats3d]) -> SentenceBatches:
+        d_layers = []
+        for batch, layers in zip(rows.batches, rows.layers):
+            d_batch = ops.alloc(layers.shape, dtype="f")
+            for row, sentence in enumerate(batch):
+                d_batch[:, row, : len(sentence.words)] = d_outputs[sentence.doc][:, sentence.index(ops)]
+            d_layers.append(d_batch)
+        return replace(rows, layers=d_layers)
+
+    return outputs, backprop
+
+
+def _no_gradient(d_outputs: Any) -> list:
+    return []
+
+
+@lru_cache(maxsize=4)
+def char_tokenizer(max_characters_per_token: int) -> ElmoCharTokenizer:
+    return ElmoCharTokenizer(max_characters_per_token=max_characters_per_token)
+
+
+# -- the biLM layer -----------------------------------------------------------------------------------------------
 
 
 def build_bilm(
@@ -152,104 +317,90 @@ def build_bilm(
     mixed_precision: bool = False,
     grad_scaler_config: dict | None = None,
 ) -> Model[list[Doc], list[Floats3d]]:
-    """The biLM layer; `name` (directory or Hub id) is read only if no weights were set or loaded before use."""
-    if max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    """The biLM layer (`spacy-elmo.ElmoBiLM.v2`); `name` (directory or Hub id) is read only if no weights were set
+    or loaded before use."""
     grad_scaler = PyTorchGradScaler(**{"enabled": mixed_precision, **(grad_scaler_config or {})})
-    return Model(
-        "elmo_bilm",
-        bilm_forward,
-        init=bilm_init,
-        dims={"nO": None, "nL": None},
-        attrs={"settings": BiLMSettings(name, get_spans, max_batch_tokens)},
-        shims=[ElmoShim(mixed_precision=mixed_precision, grad_scaler=grad_scaler)],
-    )
+    bilm = elmo_torch(name, mixed_precision, grad_scaler)
+    layers = [doc_sentences(get_spans), sentence_batches(max_batch_tokens), each_batch(bilm), strip_boundaries(),
+              to_docs()]
+    return Model("elmo_bilm", bilm_forward, init=bilm_init, layers=layers, dims={"nO": None, "nL": None},
+                 refs={"elmo_torch": bilm})
+
+
+def bilm_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
+    """The layers chained, the biLM loaded first (on first use) so that the layer's dimensions are known."""
+    bilm_weights(model)
+    return chain_forward(model, docs, is_train)
+
+
+def build_bilm_v1(
+    name: str,
+    get_spans: SpanGetter,
+    max_batch_tokens: int = 4096,
+    mixed_precision: bool = False,
+    grad_scaler_config: dict | None = None,
+) -> Model[list[Doc], list[Floats3d]]:
+    """`spacy-elmo.ElmoBiLM.v1`: the layers of `build_bilm` behind one node that holds their shim, the structure of
+    the pipelines saved with it (Thinc restores a saved model node by node)."""
+    layers = build_bilm(name, get_spans, max_batch_tokens, mixed_precision, grad_scaler_config)
+    return Model("elmo_bilm", bilm_v1_forward, init=bilm_init, dims={"nO": None, "nL": None},
+                 attrs={"layers": Setting(layers)}, shims=list(bilm_torch(layers).shims))
+
+
+def bilm_v1_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
+    bilm_weights(model)
+    return model.attrs["layers"].value(docs, is_train)
+
+
+def bilm_torch(model: Model) -> Model:
+    """The `elmo_torch` node of a biLM layer (v1: of the layers behind it), or of a model that holds one."""
+    for node in model.walk():
+        if "layers" in node.attrs and isinstance(node.attrs["layers"], Setting):
+            node = node.attrs["layers"].value.get_ref("elmo_torch")
+        if node.name == "elmo_torch":
+            return node
+    raise ValueError(f"the model '{model.name}' holds no ELMo biLM")
+
+
+def elmo_shim(model: Model) -> ElmoShim:
+    """The `ElmoShim` (the `ElmoModel` in `.elmo`, and the inference cache) of a biLM layer or a model holding one."""
+    return bilm_torch(model).shims[0]
 
 
 def set_bilm_weights(model: Model, elmo: ElmoModel) -> None:
     """Put `elmo` into the biLM layer `model` and set its dimensions."""
     if not isinstance(elmo, ElmoModel):
         raise TypeError(f"ELMo weights loaders must return an hf_elmo.ElmoModel, got {type(elmo).__name__}")
-    model.shims[0].set_elmo(elmo)
-    model.set_dim("nO", elmo.config.output_dim, force=True)
-    model.set_dim("nL", elmo.config.num_output_layers, force=True)
+    bilm_torch(model).shims[0].set_elmo(elmo)
+    _set_dims(model, elmo.config)
 
 
 def bilm_weights(model: Model, component: str = "elmo") -> ElmoModel:
-    """The biLM of the layer `model`, loaded from its `name` on first use if it has none yet."""
-    shim: ElmoShim = model.shims[0]
+    """The biLM of the layer `model` (a biLM layer or its `elmo_torch` node), loaded from its `name` on first use
+    if it has none yet."""
+    torch_node = model if model.name == "elmo_torch" else bilm_torch(model)
+    shim: ElmoShim = torch_node.shims[0]
     if shim.elmo is None:
-        name = model.attrs["settings"].name
+        name = torch_node.attrs["name"].value
         if not name:
             raise ValueError(NO_WEIGHTS_ERROR.format(component=component))
-        set_bilm_weights(model, load_pretrained(name))
+        shim.set_elmo(load_pretrained(name))
+    if model is not torch_node:
+        _set_dims(model, shim.elmo.config)
     return shim.elmo
+
+
+def _set_dims(model: Model, config: ElmoConfig) -> None:
+    """The biLM layer's dimensions, on its node and the nodes of its layers that declare them."""
+    layers = model.attrs["layers"].value if isinstance(model.attrs.get("layers"), Setting) else model
+    for node in (model, *layers.walk()):
+        if node.has_dim("nO") is not False and node.has_dim("nL") is not False:
+            node.set_dim("nO", config.output_dim, force=True)
+            node.set_dim("nL", config.num_output_layers, force=True)
 
 
 def bilm_init(model: Model, X: Any = None, Y: Any = None) -> None:
     bilm_weights(model)
-
-
-def bilm_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
-    elmo = bilm_weights(model)
-    settings: BiLMSettings = model.attrs["settings"]
-    config = elmo.config
-    outputs = [model.ops.alloc3f(config.num_output_layers, len(doc), config.output_dim) for doc in docs]
-    segments = list(_segments(docs, settings.get_spans))
-    tokenizer = char_tokenizer(config.max_characters_per_token)
-    callbacks = []
-    for indices in length_batches([len(segment.words) for segment in segments], settings.max_batch_tokens):
-        batch = [segments[i] for i in indices]
-        ids = tokenizer.batch_char_ids([segment.words for segment in batch])
-        hidden, backprop_batch = _run_batch(model.shims[0], ids, is_train)
-        hidden = torch2xp(hidden, ops=model.ops)  # (layers, rows, positions, width)
-        for row, segment in enumerate(batch):
-            outputs[segment.doc][:, segment.index(model)] = hidden[:, row, 1 : 1 + len(segment.tokens)]
-        callbacks.append((batch, hidden.shape, backprop_batch))
-
-    def backprop(d_outputs: list[Floats3d]) -> list:
-        for batch, shape, backprop_batch in callbacks:
-            d_hidden = model.ops.alloc(shape, dtype="f")
-            for row, segment in enumerate(batch):
-                d_hidden[:, row, 1 : 1 + len(segment.tokens)] = d_outputs[segment.doc][:, segment.index(model)]
-            backprop_batch(d_hidden)
-        return []
-
-    return outputs, backprop
-
-
-@lru_cache(maxsize=4)
-def char_tokenizer(max_characters_per_token: int) -> ElmoCharTokenizer:
-    return ElmoCharTokenizer(max_characters_per_token=max_characters_per_token)
-
-
-def _segments(docs: Sequence[Doc], get_spans: SpanGetter) -> Iterator[_Segment]:
-    for doc_index, spans in enumerate(get_spans(list(docs))):
-        for span in spans:
-            tokens = [token for token in span if not token.is_space]
-            if tokens:
-                indices = np.fromiter((token.i for token in tokens), dtype="int32", count=len(tokens))
-                yield _Segment(doc_index, indices, [token.text for token in tokens])
-
-
-def _run_batch(shim: ElmoShim, ids: np.ndarray, is_train: bool) -> tuple[torch.Tensor, Callable]:
-    """The stacked biLM layers (layers, rows, positions, width) as float32, and their backprop."""
-    input_ids = torch.as_tensor(ids, device=shim.device)
-    if not is_train:
-        inputs = ArgsKwargs(args=(input_ids,), kwargs={"inference_cache": shim.inference_cache})
-        return torch.stack(shim.predict(inputs).hidden_states).float(), _no_backprop
-    output, backprop_torch = shim.begin_update(ArgsKwargs(args=(input_ids,), kwargs={}))
-    hidden = torch.stack(output.hidden_states).float()
-
-    def backprop(d_hidden) -> None:
-        grads = xp2torch(d_hidden, device=hidden.device)
-        backprop_torch(ArgsKwargs(args=((hidden,),), kwargs={"grad_tensors": (grads,)}))
-
-    return hidden, backprop
-
-
-def _no_backprop(d_hidden) -> None:
-    return None
 
 
 def standalone_bilm(bilm: Model, freeze: bool = True, grad_factor: float = 1.0) -> Model[list[Doc], list[Floats3d]]:
@@ -274,7 +425,7 @@ def standalone_init(model: Model, X: Any = None, Y: Any = None) -> None:
 def standalone_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
     bilm = model.layers[0]
     if model.attrs["freeze"] or not is_train:
-        return bilm.predict(docs), _no_backprop
+        return bilm.predict(docs), _no_gradient
     outputs, backprop_bilm = bilm(docs, is_train)
     grad_factor = model.attrs["grad_factor"]
 

@@ -1,8 +1,10 @@
-"""The task-specific scalar mix of the paper, as a Thinc layer: `gamma * sum_j softmax(s)_j * h_j`.
+"""The task-specific scalar mix of the paper as a Thinc layer: `gamma * sum_j softmax(s)_j * h_j`.
 
 Input: per Doc the biLM layers (n_layers, n_tokens, width); output: per Doc (n_tokens, width). Parameters `s`
-(n_layers,) and `gamma` (1,) live in the downstream component's model, so every task learns its own. The paper's
-regulariser `l2 * ||s||^2` adds `2 * l2 * s` to the gradient of `s` at every update.
+(n_layers,) and `gamma` (1,) live in the downstream component's model, so every task learns its own. The mix itself
+is `hf_elmo.modeling_elmo.scalar_mix` (with `scalar_mix_weights` for layer dropout), the one definition the torch
+`ElmoScalarMix` also computes: this layer runs it on the Docs as one padded batch and takes the gradients from torch.
+The paper's regulariser `l2 * ||s||^2` adds `2 * l2 * s` to the gradient of `s` at every update.
 """
 
 from __future__ import annotations
@@ -10,8 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from thinc.api import Model
-from thinc.types import Floats1d, Floats2d, Floats3d
+from thinc.types import Floats2d, Floats3d
+
+from hf_elmo.modeling_elmo import scalar_mix as mix_layers
+from hf_elmo.modeling_elmo import scalar_mix_weights
+
+from .tensors import to_torch, to_xp
 
 LAYER_NORM_EPS = 1e-12
 
@@ -59,20 +67,6 @@ def mix_init(model: Model, X: Any = None, Y: Any = None) -> None:
                 model.set_dim(dim, width)
 
 
-def layer_weights(model: Model, is_train: bool) -> Floats1d:
-    """softmax(s); in training with layer dropout, dropped layers get weight 0 and the rest are renormalised."""
-    xp = model.ops.xp
-    s = model.get_param("s")
-    keep = xp.ones(s.shape, dtype=bool)
-    if is_train and model.attrs["layer_dropout"] > 0:
-        keep = xp.random.uniform(0.0, 1.0, s.shape) >= model.attrs["layer_dropout"]
-        if not keep.any():
-            keep[:] = True
-    scores = xp.where(keep, s - s[keep].max(), -xp.inf)
-    weights = xp.exp(scores)
-    return (weights / weights.sum()).astype("float32")
-
-
 def mix_forward(model: Model, Xs: list[Floats3d], is_train: bool) -> tuple[list[Floats2d], Callable]:
     n_layers = model.get_dim("nL")
     for X in Xs:
@@ -81,43 +75,38 @@ def mix_forward(model: Model, Xs: list[Floats3d], is_train: bool) -> tuple[list[
                 f"ScalarMix of {n_layers} layers got an input of shape {tuple(X.shape)}; expected "
                 f"({n_layers}, n_tokens, width): does n_layers match the biLM (its n_layers + 1)?"
             )
-    weights = layer_weights(model, is_train)
-    gamma = model.get_param("gamma")[0]
-    normalised = [_layer_norm(model, X) for X in Xs] if model.attrs["layer_norm"] else [(X, None) for X in Xs]
-    mixes = [model.ops.xp.tensordot(weights, X, axes=1) for X, _ in normalised]  # (n_tokens, width) each
-    Ys = [gamma * M for M in mixes]
+    if not Xs:
+        return [], lambda dYs: []
+    trainable = is_train and model.attrs["trainable"]
+    s = to_torch(model.get_param("s"), requires_grad=trainable)
+    gamma = to_torch(model.get_param("gamma"), requires_grad=trainable)
+    layers = to_torch(model.ops.xp.concatenate(Xs, axis=1), requires_grad=is_train)  # (n_layers, tokens, width)
+    lengths = [X.shape[1] for X in Xs]
+    with torch.set_grad_enabled(is_train):
+        weights = scalar_mix_weights(s, model.attrs["layer_dropout"], training=is_train)
+        if model.attrs["layer_norm"]:  # each Doc a row of one padded batch: its own statistics
+            docs = torch.repeat_interleave(torch.arange(len(Xs)), torch.tensor(lengths)).to(layers.device)
+            positions = torch.cat([torch.arange(n) for n in lengths]).to(layers.device)
+            padded = layers.new_zeros(len(Xs), max(lengths), *layers.shape[::2])
+            padded = padded.index_put((docs, positions), layers.transpose(0, 1)).permute(2, 0, 1, 3)
+            mask = torch.zeros(padded.shape[1:3], dtype=torch.bool, device=layers.device).index_put_(
+                (docs, positions), torch.tensor(True, device=layers.device))
+            tokens = mix_layers(padded, weights, gamma, mask, True, LAYER_NORM_EPS)[docs, positions]
+        else:  # every token of every Doc at once: (n_layers, 1, tokens, width)
+            tokens = mix_layers(layers[:, None], weights, gamma)[0]
 
     def backprop(dYs: list[Floats2d]) -> list[Floats3d]:
-        d_weights = model.ops.alloc1f(n_layers)
-        d_gamma = 0.0
-        dXs = []
-        for dY, M, (X, norm_backprop) in zip(dYs, mixes, normalised):
-            d_gamma += float((dY * M).sum())
-            d_weights += gamma * model.ops.xp.tensordot(X, dY, axes=([1, 2], [0, 1]))
-            dX = (gamma * weights)[:, None, None] * dY[None]
-            dXs.append(norm_backprop(dX) if norm_backprop is not None else dX)
-        if model.attrs["trainable"]:
-            s = model.get_param("s")
-            model.inc_grad("s", weights * (d_weights - (weights * d_weights).sum()) + 2 * model.attrs["l2"] * s)
-            model.inc_grad("gamma", model.ops.asarray1f([d_gamma]))
-        return dXs
+        inputs = [layers, s, gamma] if trainable else [layers]
+        grads = torch.autograd.grad(tokens, inputs, to_torch(model.ops.xp.concatenate(dYs)))
+        dXs = model.ops.xp.split(to_xp(grads[0], model.ops), _offsets(lengths), axis=1)
+        if trainable:
+            model.inc_grad("s", to_xp(grads[1], model.ops) + 2 * model.attrs["l2"] * model.get_param("s"))
+            model.inc_grad("gamma", to_xp(grads[2], model.ops))
+        return list(dXs)
 
-    return Ys, backprop
+    return model.ops.xp.split(to_xp(tokens, model.ops), _offsets(lengths)), backprop
 
 
-def _layer_norm(model: Model, X: Floats3d) -> tuple[Floats3d, Callable | None]:
-    """Normalise each layer over all values of the Doc (its tokens x width), independent of the batch."""
-    if X.shape[1] == 0:
-        return X, None
-    mean = X.mean(axis=(1, 2), keepdims=True)
-    inv_std = 1.0 / model.ops.xp.sqrt(X.var(axis=(1, 2), keepdims=True) + LAYER_NORM_EPS)
-    normalised = (X - mean) * inv_std
-
-    def backprop(d_normalised: Floats3d) -> Floats3d:
-        return inv_std * (
-            d_normalised
-            - d_normalised.mean(axis=(1, 2), keepdims=True)
-            - normalised * (d_normalised * normalised).mean(axis=(1, 2), keepdims=True)
-        )
-
-    return normalised, backprop
+def _offsets(lengths: list[int]) -> list[int]:
+    """Where each Doc after the first starts in their concatenation."""
+    return [sum(lengths[: i + 1]) for i in range(len(lengths) - 1)]
