@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from enum import Enum
 from pathlib import Path
@@ -22,7 +25,15 @@ from transformers.utils import logging as hf_logging
 from . import DEFAULT_MODEL_NAME, hub, loading
 from . import convert as legacy
 from .configuration_elmo import ElmoConfig
-from .embed import OUTPUT_SUFFIXES, ElmoEmbedder, bound_onednn_caches, embed_file, embed_file_in_parts
+from .embed import (
+    ElmoEmbedder,
+    EmbedSettingError,
+    EmbedSettings,
+    bound_onednn_caches,
+    check_output,
+    embed_file,
+    embed_file_in_parts,
+)
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
 from .text import expand_files, get_word_tokenizer
 
@@ -231,11 +242,32 @@ def info(
         typer.echo(f"  {part:<{width}}  {count:>15,}")
 
 
-def _parse_weights(weights: str) -> list[float]:
+def _parse_weights(weights: str) -> tuple[float, ...]:
     try:
-        return [float(value) for value in weights.split(",")]
+        return tuple(float(value) for value in weights.split(","))
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated numbers, got {weights!r}", param_hint="--weights") from None
+
+
+# The flags of `elmo embed` that set each of `EmbedSettings`' fields, and of its output.
+EMBED_FLAGS = {
+    "layers": "--layers", "scalar_parameters": "--weights", "gamma": "--gamma", "batch_tokens": "--batch-tokens",
+    "buffer_tokens": "--buffer-tokens", "batch_size": "--batch-size", "max_sentence_words": "--max-sentence-words",
+    "device": "--device", "cuda_device": "--cuda-device", "device/cuda_device": "--device/--cuda-device",
+    "bf16": "--bf16", "output": "OUTPUT",
+    "sentence_keys": "--use-sentence-keys",
+}
+
+
+@contextmanager
+def _setting_errors() -> Iterator[None]:
+    """A bad setting as a usage error naming its flag; a missing h5py in one line."""
+    try:
+        yield
+    except EmbedSettingError as error:
+        raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
+    except ImportError as error:
+        _fail(str(error))
 
 
 @app.command()
@@ -363,79 +395,49 @@ def embed(
         raise typer.BadParameter(f"{input_file} does not exist", param_hint="INPUT")
     if Path(input_file).is_dir():
         raise typer.BadParameter(f"{input_file} is a directory", param_hint="INPUT")
-    suffix = output_file.suffix.lower()
-    if suffix not in OUTPUT_SUFFIXES:
-        raise typer.BadParameter(
-            f"unknown format {suffix or '(no suffix)'!r}; use .hdf5, .h5 or .npy", param_hint="OUTPUT"
-        )
     if not output_file.parent.is_dir():
         _fail(f"output directory {output_file.parent} does not exist")
     if output_file.is_dir():
         _fail(f"{output_file} is a directory")
-    if suffix in (".hdf5", ".h5") or legacy_weights:
-        try:
-            legacy.require_h5py(".hdf5 outputs" if suffix != ".npy" else "--options-file/--weight-file")
-        except ImportError as error:
-            _fail(str(error))
-    if use_sentence_keys and suffix == ".npy":
-        raise typer.BadParameter("names the datasets of an .hdf5 file; OUTPUT is .npy",
-                                 param_hint="--use-sentence-keys")
     chosen = {mode for mode, flag in ((LayerMode.all, all_layers), (LayerMode.top, top_layer),
                                       (LayerMode.average, average_layers)) if flag} | ({layers} if layers else set())
     if len(chosen) > 1:
         raise typer.BadParameter("choose one of them", param_hint="--layers/--all/--top/--average")
-    layers = chosen.pop() if chosen else LayerMode.all
-    if layers != LayerMode.mix and (weights is not None or gamma != 1.0):
-        raise typer.BadParameter("only with --layers mix", param_hint="--weights/--gamma")
-    scalar_parameters = _parse_weights(weights) if weights is not None else None
-    if device is not None and cuda_device is not None:
-        raise typer.BadParameter("choose one of them", param_hint="--device/--cuda-device")
-    if cuda_device is not None:
-        device = "cpu" if cuda_device < 0 else f"cuda:{cuda_device}"
-    try:
-        torch_device = torch.device(device or "cpu")
-    except RuntimeError as error:
-        raise typer.BadParameter(str(error), param_hint="--device") from None
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        _fail("--device cuda: CUDA is not available")
-    # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
-    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and torch_device.type == "cuda" and torch_device.index is None:
-        torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if not legacy_weights:
-        config = _load_config(model)
-        if scalar_parameters is not None and len(scalar_parameters) != config.num_output_layers:
-            raise typer.BadParameter(
-                f"{len(scalar_parameters)} weights given; the model has {config.num_output_layers} layers "
-                f"(the token layer + {config.n_layers} biLSTM layers)",
-                param_hint="--weights",
-            )
-    _set_threads(threads)
-    bound_onednn_caches()
-    try:
-        embedder = ElmoEmbedder(
-            model if not legacy_weights else DEFAULT_MODEL_NAME,
-            layers=layers.value,
-            scalar_parameters=scalar_parameters,
+    with _setting_errors():
+        check_output(output_file, use_sentence_keys)
+        if legacy_weights:
+            legacy.require_h5py("--options-file/--weight-file")
+        settings = EmbedSettings(
+            layers=(chosen.pop() if chosen else LayerMode.all).value,
+            scalar_parameters=_parse_weights(weights) if weights is not None else None,
             gamma=gamma,
             batch_tokens=batch_tokens,
             buffer_tokens=buffer_tokens,
             batch_size=batch_size,
             max_sentence_words=max_sentence_words,
-            device=torch_device,
-            options_file=options_file,
-            weight_file=weight_file,
+            device=EmbedSettings.device_of(device, cuda_device) or torch.device("cpu"),
             bf16=bf16,
         )
+        # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
+        rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size > 1 and settings.device.type == "cuda" and settings.device.index is None:
+            settings = replace(settings, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+        if not legacy_weights:
+            settings.check_model(_load_config(model))
+    _set_threads(threads)
+    bound_onednn_caches()
+    try:
+        embedder = ElmoEmbedder(model if not legacy_weights else DEFAULT_MODEL_NAME, options_file=options_file,
+                                weight_file=weight_file, settings=settings)
     except (ValueError, ImportError) as error:  # ModelLoadError, LegacyWeightsError, h5py missing
         _fail(str(error))
-    settings = dict(tokenized=legacy_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
-                    sentence_index=not forget_sentences, sentence_keys=use_sentence_keys)
+    output = dict(tokenized=legacy_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
+                  sentence_index=not forget_sentences, sentence_keys=use_sentence_keys)
     try:
         if world_size > 1:
-            count = _embed_in_parts(embedder, input_file, output_file, rank, world_size, settings)
+            count = _embed_in_parts(embedder, input_file, output_file, rank, world_size, output)
         else:
-            count = embed_file(embedder, input_file, output_file, **settings)
+            count = embed_file(embedder, input_file, output_file, **output)
     except (OSError, ImportError, ValueError) as error:
         _fail(str(error))
     if not quiet and rank == 0:

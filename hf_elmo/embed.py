@@ -50,6 +50,70 @@ def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     os.environ.setdefault("LRU_CACHE_CAPACITY", str(capacity))
 
 
+class EmbedSettingError(ValueError):
+    """A bad setting of `ElmoEmbedder` / `elmo embed`; `setting` names it (the CLI names the flag that set it)."""
+
+    def __init__(self, setting: str, message: str):
+        super().__init__(f"{setting}: {message}")
+        self.setting = setting
+        self.message = message
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    """How `ElmoEmbedder` embeds, checked once when made (see `ElmoEmbedder` for each field). `device` None: where
+    the model is."""
+
+    layers: str = "all"
+    scalar_parameters: tuple[float, ...] | None = None
+    gamma: float = 1.0
+    batch_tokens: int = 4096
+    buffer_tokens: int | None = None
+    batch_size: int | None = None
+    max_sentence_words: int = 1000
+    device: torch.device | None = None
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.layers not in LAYER_MODES:
+            raise EmbedSettingError("layers", f"must be one of {', '.join(LAYER_MODES)}, got {self.layers!r}")
+        if self.layers != "mix" and (self.scalar_parameters is not None or self.gamma != 1.0):
+            raise EmbedSettingError("scalar_parameters" if self.scalar_parameters is not None else "gamma",
+                                    "applies to layers='mix' only")
+        for name in ("batch_tokens", "buffer_tokens", "batch_size", "max_sentence_words"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise EmbedSettingError(name, f"must be an integer >= 1, got {value!r}")
+
+    @staticmethod
+    def device_of(device: str | torch.device | None, cuda_device: int | None = None) -> torch.device | None:
+        """The device of `device` (`"cpu"`, `"cuda:1"`, ...) or AllenNLP's `cuda_device` (-1: the CPU, n: `cuda:n`),
+        checked to exist here."""
+        if device is not None and cuda_device is not None:
+            raise EmbedSettingError("device/cuda_device", "give one of them, not both")
+        if cuda_device is not None:
+            device, setting = ("cpu" if cuda_device < 0 else f"cuda:{cuda_device}"), "cuda_device"
+        else:
+            setting = "device"
+        if device is None:
+            return None
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise EmbedSettingError(setting, str(error)) from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise EmbedSettingError(setting, f"{device} was asked for, but this torch sees no CUDA device: run on the "
+                                    "CPU (the default), or install a CUDA build of torch on a machine with a GPU")
+        return device
+
+    def check_model(self, config: Any) -> None:
+        """Fail when the settings do not fit the biLM of `config` (an `ElmoConfig`)."""
+        layers = config.num_output_layers
+        if self.scalar_parameters is not None and len(self.scalar_parameters) != layers:
+            raise EmbedSettingError("scalar_parameters", f"{len(self.scalar_parameters)} values given; the model has "
+                                    f"{layers} layers (the token layer + {layers - 1} biLSTM layers)")
+
+
 def _sentence_index(item: tuple[_Window, np.ndarray]) -> int:
     return item[0].sentence
 
@@ -122,6 +186,8 @@ class ElmoEmbedder:
         bf16 (`bool`, False): run the biLM under bf16 autocast (outputs still float32): several times faster on CPUs
             with native bf16 (AVX512-BF16, AMX) and on GPUs, not exact (measured on the default model: see the
             README's "Performance"). Never chosen on its own; a warning says when the CPU has no native bf16.
+        settings (`EmbedSettings`, optional): all of `layers` to `bf16` (but `cuda_device`) at once, as `elmo embed`
+            gives them; the arguments are checked by making one (an `EmbedSettingError` names the one at fault).
     """
 
     def __init__(
@@ -141,38 +207,31 @@ class ElmoEmbedder:
         weight_file: str | os.PathLike | None = None,
         cuda_device: int | None = None,
         bf16: bool = False,
+        settings: EmbedSettings | None = None,
     ):
         if isinstance(model, (str, os.PathLike)) and str(model).endswith(".json") and isinstance(
             tokenizer, (str, os.PathLike)
         ):  # AllenNLP's positional ElmoEmbedder(options_file, weight_file)
             model, tokenizer, options_file, weight_file = DEFAULT_MODEL_NAME, None, model, tokenizer
-        if cuda_device is not None:
-            if device is not None:
-                raise ValueError("give device or cuda_device, not both")
-            device = "cpu" if cuda_device < 0 else f"cuda:{cuda_device}"
+        if settings is None:
+            settings = EmbedSettings(
+                layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
+                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device, cuda_device), bf16,
+            )
         model, tokenizer = _load_model(model, tokenizer, options_file, weight_file)
-        num_layers = model.config.num_output_layers
-        if layers not in LAYER_MODES:
-            raise ValueError(f"layers must be one of {LAYER_MODES}, got {layers!r}")
-        if layers != "mix" and (scalar_parameters is not None or gamma != 1.0):
-            raise ValueError("scalar parameters and gamma apply to layers='mix' only")
-        if scalar_parameters is not None and len(scalar_parameters) != num_layers:
-            raise ValueError(f"{len(scalar_parameters)} scalar parameters given, the model has {num_layers} layers")
-        if batch_tokens < 1 or max_sentence_words < 1 or (buffer_tokens is not None and buffer_tokens < 1) or (
-            batch_size is not None and batch_size < 1
-        ):
-            raise ValueError("batch_tokens, buffer_tokens, batch_size and max_sentence_words must be >= 1")
-        self.model = model.eval() if device is None else model.to(device).eval()
+        settings.check_model(model.config)
+        self.settings = settings
+        self.model = model.eval() if settings.device is None else model.to(settings.device).eval()
         self.device = next(model.parameters()).device
         self.tokenizer = tokenizer or ElmoCharTokenizer.for_model(model.config)
-        self.batch_tokens = batch_tokens
-        self.buffer_tokens = buffer_tokens or 4 * batch_tokens
-        self.batch_size = batch_size
-        self.max_sentence_words = max_sentence_words
+        self.batch_tokens = settings.batch_tokens
+        self.buffer_tokens = settings.buffer_tokens or 4 * settings.batch_tokens
+        self.batch_size = settings.batch_size
+        self.max_sentence_words = settings.max_sentence_words
         # Token representations of the 20,000 most recently seen words and the packed LSTM weights, across calls.
         self.inference_cache = ElmoInferenceCache()
-        self.bf16 = bf16
-        self._set_layers(layers, scalar_parameters, gamma)
+        self.bf16 = settings.bf16
+        self._set_layers(settings.layers, settings.scalar_parameters, settings.gamma)
 
     def _set_layers(self, layers: str, scalar_parameters: Sequence[float] | None = None, gamma: float = 1.0) -> None:
         self.layers = layers
@@ -567,16 +626,27 @@ class NpyWriter(EmbeddingWriter):
         self._offsets.discard()
 
 
+def check_output(path: str | Path, sentence_keys: bool = False) -> str:
+    """The format of an output file, `.npy` or `.hdf5` (`.h5`, as AllenNLP writes it), checked before any work: its
+    suffix, sentence keys only in HDF5, and h5py for HDF5 (an `EmbedSettingError` naming the setting)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        raise EmbedSettingError("output", f"unknown format {suffix or '(no suffix)'!r} of {path}; use .hdf5, .h5 or "
+                                ".npy")
+    if suffix == ".npy":
+        if sentence_keys:
+            raise EmbedSettingError("sentence_keys", f"sentence keys name the datasets of an .hdf5 file; {path} is "
+                                    ".npy")
+        return ".npy"
+    require_h5py(".hdf5 outputs")
+    return ".hdf5"
+
+
 def open_writer(
     path: str | Path, token_shape: tuple[int, ...], sentence_index: bool = True, sentence_keys: bool = False
 ) -> EmbeddingWriter:
     """The writer for `path`'s suffix: `.hdf5`/`.h5` (`Hdf5Writer`) or `.npy` (`NpyWriter`, no sentence keys)."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in OUTPUT_SUFFIXES:
-        raise ValueError(f"unknown output format {suffix or '(no suffix)'!r} of {path}: use .hdf5, .h5 or .npy")
-    if suffix == ".npy":
-        if sentence_keys:
-            raise ValueError(f"sentence keys name the datasets of an .hdf5 file; {path} is .npy")
+    if check_output(path, sentence_keys) == ".npy":
         return NpyWriter(path, token_shape)
     return Hdf5Writer(path, sentence_index, sentence_keys)
 
@@ -732,9 +802,12 @@ __all__ = [
     "LAYER_MODES",
     "OUTPUT_SUFFIXES",
     "ElmoEmbedder",
+    "EmbedSettingError",
+    "EmbedSettings",
     "EmbeddingWriter",
     "Hdf5Writer",
     "NpyWriter",
+    "check_output",
     "embed_file",
     "embed_file_in_parts",
     "open_writer",

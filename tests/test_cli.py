@@ -218,8 +218,8 @@ def test_embed_without_a_model_uses_the_default_one(tmp_path):
         (("--all", "--top"), "choose one of them"),
         (("--layers", "top", "--average"), "choose one of them"),
         (("--options-file", "x.json"), "give both"),
-        (("--device", "cpu", "--cuda-device", "-1"), "choose one of them"),
-        (("--use-sentence-keys",), "names the datasets of an .hdf5 file"),
+        (("--device", "cpu", "--cuda-device", "-1"), "--device/--cuda-device: give one of them, not both"),
+        (("--use-sentence-keys",), "sentence keys name the datasets of an .hdf5 file"),
     ],
 )
 def test_embed_rejects_conflicting_allennlp_flags(tmp_path, args, message):
@@ -333,13 +333,14 @@ def test_embed_caps_onednn_kernel_caches_unless_the_user_set_them(tiny_model_dir
         (("info", "{missing}"), "model directory {missing} does not exist", 1),
         (("export-hdf5", "{missing}", "{out}_"), "model directory {missing} does not exist", 1),
         (("info", "{input}"), "is a file; expected a save_pretrained directory", 1),
-        (("embed", "{model}", "{input}", "{out}.txt"), "unknown format '.txt'; use .hdf5, .h5 or .npy", 2),
+        (("embed", "{model}", "{input}", "{out}.txt"), "unknown format '.txt' of", 2),
         (("embed", "{model}", "{input}", "{out}"), "unknown format '(no suffix)'", 2),
         (("embed", "{model}", "{input}", "{out}.npy", "--layers", "mix", "--weights", "1,2"),
-         "2 weights given; the model has 3 layers", 2),
+         "--weights: 2 values given; the model has 3 layers", 2),
         (("embed", "{model}", "{input}", "{out}.npy", "--layers", "mix", "--weights", "1,x,2"),
          "expected comma-separated numbers", 2),
-        (("embed", "{model}", "{input}", "{out}.npy", "--weights", "1,2,3"), "only with --layers mix", 2),
+        (("embed", "{model}", "{input}", "{out}.npy", "--weights", "1,2,3"), "--weights: applies to layers='mix'",
+         2),
         (("embed", "{model}", "{missing}", "{out}.npy"), "{missing} does not exist", 2),
         (("embed", "{model}", "{input}", "{missing}/out.npy"), "output directory {missing} does not exist", 1),
         (("embed", "{model}", "{input}", "{out}.npy", "--batch-tokens", "0"), "--batch-tokens", 2),
@@ -352,6 +353,15 @@ def test_bad_arguments_fail_cleanly(tiny_model_dir, tmp_path, args, message, exi
     result = run(*(arg.format(**places) for arg in args))
     assert_clean_failure(result, message.format(**places), exit_code)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_a_cuda_device_on_a_machine_without_cuda_names_that_flag(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "in.txt").write_text("a b\n")
+    for flags, hint in ((["--cuda-device", "0"], "--cuda-device"), (["--device", "cuda"], "--device")):
+        result = run("embed", tiny_model_dir, tmp_path / "in.txt", tmp_path / "out.npy", *flags)
+        assert_clean_failure(result, f"Invalid value for {hint}: cuda", exit_code=2)
+        assert "this torch sees no CUDA device" in " ".join(result.stderr.replace("│", " ").split())
 
 
 def test_a_failing_command_prints_no_traceback_in_a_subprocess(tmp_path):

@@ -235,7 +235,7 @@ def test_a_failure_leaves_no_output_behind(tiny_model, tmp_path):
                 for embedding in ElmoEmbedder(tiny_model).embed_sentences(sentences()):
                     writer.add(embedding, "fine")
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(ValueError, match="unknown output format"):
+    with pytest.raises(ValueError, match="unknown format"):
         open_writer(tmp_path / "out.txt", (16,))
 
 
@@ -345,7 +345,7 @@ def test_embedder_takes_the_original_weights_as_allennlp_does(allennlp_model_dir
         ElmoEmbedder(options_file=options)
     with pytest.raises(ValueError, match="either a model or options_file and weight_file"):
         ElmoEmbedder(converted, options_file=options, weight_file=weights)
-    with pytest.raises(ValueError, match="device or cuda_device"):
+    with pytest.raises(ValueError, match="device/cuda_device: give one of them, not both"):
         ElmoEmbedder(converted, device="cpu", cuda_device=-1)
 
 
@@ -454,7 +454,7 @@ def test_long_sentences_run_as_windows_from_the_zero_state(tiny_model):
     assert long_.shape == (3, 12, 16) and empty.shape == (3, 0, 16)
     np.testing.assert_allclose(long_, np.concatenate(windows, axis=1), atol=1e-5, rtol=0)
     np.testing.assert_allclose(short, direct_layers(tiny_model, words[:5]), atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="max_sentence_words must be >= 1"):
+    with pytest.raises(ValueError, match="max_sentence_words: must be an integer >= 1, got 0"):
         ElmoEmbedder(tiny_model, max_sentence_words=0)
 
 
@@ -470,7 +470,7 @@ def test_embedding_in_parts_needs_a_file_and_a_valid_rank(tiny_model, tmp_path):
         embed_file_in_parts(embedder, "-", tmp_path / "out.npy", 0, 2, never_reached)
     with pytest.raises(ValueError, match="rank 2 of world size 2"):
         embed_file_in_parts(embedder, source, tmp_path / "out.npy", 2, 2, never_reached)
-    with pytest.raises(ValueError, match="unknown output format '.txt'"):
+    with pytest.raises(ValueError, match="unknown format '.txt'"):
         embed_file_in_parts(embedder, source, tmp_path / "out.txt", 0, 2, never_reached)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # nothing written
 
@@ -494,3 +494,26 @@ def test_bf16_is_opt_in_close_to_float32_and_gives_float32(tiny_model):
         cosine = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
         assert cosine.min() > 0.999
     np.testing.assert_array_equal(exact.embed_batch(sentences)[0], ElmoEmbedder(tiny_model).embed_batch(sentences)[0])
+
+
+def test_embed_settings_are_checked_once_and_name_the_setting_at_fault(tiny_model, monkeypatch):
+    """`ElmoEmbedder`'s arguments and `elmo embed`'s flags make the same `EmbedSettings`; an error names the setting
+    (the CLI names the flag: see test_cli)."""
+    from hf_elmo.embed import EmbedSettingError, EmbedSettings
+
+    for settings, setting in [(dict(layers="middle"), "layers"), (dict(layers="top", gamma=2.0), "gamma"),
+                              (dict(scalar_parameters=(1.0, 2.0, 3.0)), "scalar_parameters"),
+                              (dict(batch_tokens=0), "batch_tokens"), (dict(batch_size=True), "batch_size")]:
+        with pytest.raises(EmbedSettingError) as error:
+            EmbedSettings(**settings)
+        assert error.value.setting == setting
+    with pytest.raises(EmbedSettingError, match="2 values given; the model has 3 layers") as error:
+        ElmoEmbedder(tiny_model, layers="mix", scalar_parameters=[1.0, 2.0])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(EmbedSettingError, match="cuda:0 was asked for, but this torch sees no CUDA device") as error:
+        ElmoEmbedder(tiny_model, cuda_device=0)
+    assert error.value.setting == "cuda_device"
+    assert EmbedSettings.device_of(None, -1) == torch.device("cpu") and EmbedSettings.device_of(None) is None
+    settings = EmbedSettings(layers="mix", scalar_parameters=(0.0, 1.0, 0.0), gamma=2.0, batch_tokens=64)
+    embedder = ElmoEmbedder(tiny_model, settings=settings)
+    assert embedder.settings is settings and embedder.batch_tokens == 64 and embedder.layers == "mix"
