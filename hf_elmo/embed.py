@@ -31,7 +31,7 @@ from .convert import require_h5py
 from .kernels import ElmoInferenceCache
 from .loading import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from .modeling_elmo import ElmoModel, ElmoScalarMix
-from .text import ElmoBatch, length_batches, read_lines, split_into_words
+from .text import ElmoBatch, length_batches, read_lines, split_into_words, windows
 from .tokenization_elmo import ElmoCharTokenizer
 
 LAYER_MODES = ("all", "top", "average", "mix")
@@ -128,12 +128,12 @@ class _Window:
     sentence_words: int  # the words of the whole sentence
 
 
-def _windows(sentences: Iterable[Sequence[str]], window: int) -> Iterator[_Window]:
+def _sentence_windows(sentences: Iterable[Sequence[str]], window: int) -> Iterator[_Window]:
     """The windows of every sentence, in order (an empty sentence is one empty window), read lazily."""
     for index, words in enumerate(sentences):
         words = list(words)
-        for start in range(0, max(len(words), 1), window):
-            yield _Window(index, words[start : start + window], len(words))
+        for piece in windows(len(words), window):
+            yield _Window(index, words[piece], len(words))
 
 
 def _chunks(windows: Iterable[_Window], buffer_tokens: int) -> Iterator[list[_Window]]:
@@ -304,8 +304,8 @@ class ElmoEmbedder:
         windows of that many words, each from the zero state, and their vectors are concatenated, so a huge line
         needs the memory of a window (plus its output), not of the whole line.
         """
-        for _, windows in itertools.groupby(self._embedded_windows(sentences, batch_size), key=_sentence_index):
-            first, embedding = next(windows)
+        for _, embedded in itertools.groupby(self._embedded_windows(sentences, batch_size), key=_sentence_index):
+            first, embedding = next(embedded)
             if len(first.words) == first.sentence_words:  # one window
                 yield embedding
                 continue
@@ -313,7 +313,7 @@ class ElmoEmbedder:
             joined = np.empty((*embedding.shape[:-2], first.sentence_words, embedding.shape[-1]), dtype=np.float32)
             joined[..., : len(first.words), :] = embedding
             start = len(first.words)
-            for window, part in windows:  # noqa: B031 (the rest of the group, after next())
+            for window, part in embedded:  # noqa: B031 (the rest of the group, after next())
                 joined[..., start : start + len(window.words), :] = part
                 start += len(window.words)
             yield joined
@@ -324,7 +324,7 @@ class ElmoEmbedder:
         """Every window of every sentence (see `embed_sentences`) with its vectors, in input order; at most
         `buffer_tokens` positions of windows are read ahead, sorted by length and embedded in batches."""
         batch_size = batch_size or self.batch_size
-        for chunk in _chunks(_windows(sentences, self.max_sentence_words), self.buffer_tokens):
+        for chunk in _chunks(_sentence_windows(sentences, self.max_sentence_words), self.buffer_tokens):
             embeddings: dict[int, np.ndarray] = {}
             for batch in length_batches([len(window.words) for window in chunk], self.batch_tokens, batch_size):
                 embeddings.update(zip(batch, self.embed_batch([chunk[j].words for j in batch])))
@@ -692,9 +692,9 @@ def _embed_lines(embedder: ElmoEmbedder, lines: Iterable[str], writer: Embedding
             yield line.split() if tokenized else split_into_words(line, embedder.tokenizer.word_tokenizer)
 
     # Each sentence's windows go to the writer as they come: a long line is never held whole.
-    for _, windows in itertools.groupby(embedder._embedded_windows(sentences()), key=_sentence_index):
-        first, embedding = next(windows)
-        parts = itertools.chain([embedding], (part for _, part in windows))  # noqa: B031 (the rest, after next())
+    for _, embedded in itertools.groupby(embedder._embedded_windows(sentences()), key=_sentence_index):
+        first, embedding = next(embedded)
+        parts = itertools.chain([embedding], (part for _, part in embedded))  # noqa: B031 (the rest, after next())
         writer.add_parts(first.sentence_words, parts, pending.popleft())
 
 

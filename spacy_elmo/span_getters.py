@@ -13,12 +13,17 @@ from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc, Span
 from spacy.util import registry
 
+from hf_elmo.text import windows
+
 SpanGetter = Callable[[list[Doc]], list[list[Span]]]
 
 
 def _windows(doc: Doc, start: int, end: int, max_length: int) -> Iterable[Span]:
-    for window_start in range(start, end, max_length):
-        yield doc[window_start : min(window_start + max_length, end)]
+    """The span of tokens `start:end` in windows of at most `max_length` tokens (`hf_elmo.text.windows`); none for
+    an empty span."""
+    if end > start:
+        for piece in windows(end - start, max_length):
+            yield doc[start + piece.start : start + piece.stop]
 
 
 def sent_spans(docs: Iterable[Doc], max_length: int = 200) -> list[list[Span]]:

@@ -7,6 +7,8 @@ import json
 import pytest
 from spacy_fixtures import REPO, run_python
 
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+
 TINY = '{"lstm_dim": 32, "projection_dim": 16, "filters": [[1, 8], [2, 8]], "char_embedding_dim": 4}'
 
 

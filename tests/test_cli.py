@@ -265,6 +265,7 @@ def test_embed_shows_progress_and_a_summary_unless_quiet(tiny_model_dir, tmp_pat
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_embed_reads_stdin_with_invalid_utf8_in_a_subprocess(tiny_model, tiny_model_dir, tmp_path):
     data = b"caf\xe9 au lait\n\xf0\x9f\x98\x80\x00\n\n" + b"w " * 300
     process = subprocess.run(
@@ -281,6 +282,7 @@ def test_embed_reads_stdin_with_invalid_utf8_in_a_subprocess(tiny_model, tiny_mo
         np.testing.assert_allclose(vectors, direct_layers(tiny_model, line.split())[-1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("output", "options"), [("out.hdf5", []), ("out.npy", ["--layers", "top", "--raw"])])
 def test_embed_in_two_processes_under_torchrun_equals_one_process(tiny_model_dir, tmp_path, output, options):
     source = tmp_path / "input.txt"  # 7 lines (shares of 3 and 4): a repeated line, an empty one, invalid UTF-8, CRLF
@@ -310,6 +312,7 @@ def test_embed_in_two_processes_under_torchrun_equals_one_process(tiny_model_dir
         np.testing.assert_allclose(two_processes, one_process, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", [{}, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "512"}])
 def test_embed_caps_onednn_kernel_caches_unless_the_user_set_them(tiny_model_dir, tmp_path, preset):
     source = tmp_path / "input.txt"
@@ -364,6 +367,7 @@ def test_a_cuda_device_on_a_machine_without_cuda_names_that_flag(tiny_model_dir,
         assert "this torch sees no CUDA device" in " ".join(result.stderr.replace("│", " ").split())
 
 
+@pytest.mark.slow
 def test_a_failing_command_prints_no_traceback_in_a_subprocess(tmp_path):
     process = subprocess.run(
         [sys.executable, "-m", "hf_elmo.cli", "embed", str(tmp_path / "missing"), "-", str(tmp_path / "out.npy")],
@@ -394,6 +398,7 @@ def test_a_missing_h5py_is_one_line_naming_the_extra(tiny_model_dir, tmp_path, m
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
 
 
+@pytest.mark.slow
 def test_an_output_over_the_file_size_limit_fails_in_one_line_and_leaves_nothing(tiny_model_dir, tmp_path):
     """`ulimit -f`: the write fails with EFBIG; the partial output is removed whatever closing it raises."""
     import resource

@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 from importlib.metadata import PackageNotFoundError, distribution
 
+import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from spacy_fixtures import run_python
+
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
 
 def normalise(name: str) -> str:

@@ -48,6 +48,7 @@ def test_the_default_model_ships_inside_the_package_without_softmax_or_code_copi
     assert config["word_tokenizer"] == "spacy:en"
 
 
+@pytest.mark.slow
 def test_the_default_model_loads_offline_with_the_auto_classes_in_a_fresh_process(model, tokenizer):
     script = textwrap.dedent("""
         import json, sys, torch

@@ -151,6 +151,7 @@ def test_a_10k_character_word_is_cut_to_48_bytes(tiny_model):
     np.testing.assert_array_equal(long, cut)
 
 
+@pytest.mark.slow
 def test_a_20k_word_sentence_is_embedded(tiny_model):
     words = [f"w{i % 97}" for i in range(20_000)]
     embedding = ElmoEmbedder(tiny_model, layers="top", batch_tokens=512).embed_batch([words])[0]
@@ -255,6 +256,7 @@ def test_at_most_a_bounded_number_of_sentences_is_buffered(tiny_model):
     assert max(ahead) <= 100
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_the_input(tiny_model, tmp_path):
     embedder = ElmoEmbedder(tiny_model, layers="top")
 
@@ -274,6 +276,7 @@ def test_memory_does_not_grow_with_the_input(tiny_model, tmp_path):
     assert large < 1.3 * small + 1_000_000, (small, large)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", ["out.npy", "out.hdf5"])
 def test_a_long_line_streams_to_the_output_in_the_memory_of_its_windows(tmp_path, output):
     """One line of many windows: each window's vectors go to the writer as they come, so the memory held grows with

@@ -24,6 +24,8 @@ from huggingface_hub import (
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 from transformers import AutoModel, BertConfig, BertModel
 
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+
 FILES = {
     "README.md": "---\nlicense: apache-2.0\n---\n# Test repo\n",
     "config.json": '{"hidden_size": 8}\n',

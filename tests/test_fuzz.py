@@ -31,6 +31,8 @@ from hf_elmo import ElmoCharTokenizer, ElmoModel
 from hf_elmo.embed import ElmoEmbedder, embed_file
 from hf_elmo.text import read_lines, split_into_words
 
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+
 TROUBLE = (" \t\n\r\x00\x0b\x1b\u00a0\u2028\ufeff\u200b\u200d\udc80\udcff\ud800'\".,-–—“”!?()[]<>/\\:;"
            "😀👩\u200d👩\u200d👧中文e\u0301")
 TEXT = st.one_of(st.text(st.characters(exclude_categories=[]), max_size=40), st.text(TROUBLE, max_size=40))

@@ -34,6 +34,8 @@ from hf_elmo.hub import (
     weights_source,
 )
 
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+
 LM_REPO, CONVERTED_REPO = "org/tiny-elmo-lm", "org/elmo-allennlp"
 TINY_SOURCE = "Random weights for the tests of the `elmo` project (`torch.manual_seed(0)`)."
 CONVERTED_SOURCE = "Converted from the original weights `options.json` + `lm_weights.hdf5`."

@@ -378,6 +378,7 @@ class _OpsCalled(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.slow
 def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_keeps_its_fast_path(tokenizer):
     from hf_elmo.kernels import onednn_available
 
@@ -410,6 +411,7 @@ def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_kee
         assert "mkldnn._linear_pointwise" in called.ops, called.ops
 
 
+@pytest.mark.slow
 def test_torch_compile_with_inductor_gives_the_eager_vectors(tokenizer):
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()

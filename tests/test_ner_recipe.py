@@ -14,6 +14,8 @@ from transformers import pipeline
 
 from hf_elmo import ElmoCharTokenizer, ElmoForTokenClassification, ElmoModel
 
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+
 spec = importlib.util.spec_from_file_location("ner_trainer", REPO / "training" / "ner_trainer.py")
 ner_trainer = sys.modules["ner_trainer"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
 spec.loader.exec_module(ner_trainer)

@@ -6,8 +6,11 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 from elmo_fixtures import require
 from spacy_fixtures import DATA, REPO, run_python
+
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
 
 def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):

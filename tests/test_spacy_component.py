@@ -253,6 +253,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_pipe_with_two_processes_never_hangs(elmo_dir, tmp_path, method):
     script = tmp_path / "multiprocessing_pipe.py"
@@ -298,6 +299,7 @@ def test_a_pipeline_saved_before_the_redesign_loads_and_gives_the_same_outputs()
         assert [[e.start, e.end, e.label_] for e in doc.ents] == ents
 
 
+@pytest.mark.slow
 def test_importing_the_plugin_leaves_the_threads_of_other_forked_children_alone():
     """Only the component's own worker processes run torch single-threaded; importing the plugin changes nothing for
     any other child of the process (it used to register an at-fork hook at import)."""

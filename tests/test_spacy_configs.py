@@ -54,6 +54,7 @@ def oracle_failures(ner, examples: list[Example]) -> list[int]:
     return failures
 
 
+@pytest.mark.slow
 def test_every_conll2003_training_document_has_an_ner_oracle_and_the_biLM_reads_sentences(conll_examples):
     assert len(conll_examples) == 1793
     ner = ner_with_labels(conll_examples)
@@ -70,6 +71,7 @@ def test_every_conll2003_training_document_has_an_ner_oracle_and_the_biLM_reads_
     assert 4 * len(docs) < sum(map(len, spans)) <= gold_sentences
 
 
+@pytest.mark.slow
 def test_an_annotating_sentencizer_breaks_the_ner_oracle(conll_examples):
     """Why the shipped config has no sentencizer component: its boundaries inside gold entities (E024)."""
     sentencizer = Sentencizer()
@@ -81,6 +83,7 @@ def test_an_annotating_sentencizer_breaks_the_ner_oracle(conll_examples):
     assert len(oracle_failures(ner_with_labels(conll_examples), annotated)) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, phrases, n_docs", [("train.tsv", False, 8544), ("trees/train.txt", True, 159274)])
 def test_every_sst5_training_sentence_or_phrase_is_one_labelled_doc(source, phrases, n_docs):
     nlp = spacy.blank("en")

@@ -61,6 +61,7 @@ def test_sst2_gives_one_exclusive_label_per_sentence(tmp_path):
         list(read_sst2(bad, Vocab()))
 
 
+@pytest.mark.slow
 def test_sst5_trees_give_the_tsv_sentences_or_every_distinct_phrase(tmp_path):
     trees, tsv = require(DATA / "sst5" / "trees" / "train.txt"), require(DATA / "sst5" / "train.tsv")
     label = lambda doc: max(doc.cats, key=doc.cats.get)  # noqa: E731

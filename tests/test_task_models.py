@@ -98,6 +98,7 @@ print(json.dumps({"entities": [[{**e, "score": float(e["score"])} for e in row] 
 """
 
 
+@pytest.mark.slow
 def test_token_classification_pipeline_groups_words_in_process_and_as_remote_code(encoder_dir, tmp_path):
     tokenizer = ElmoCharTokenizer.from_pretrained(encoder_dir)
     model = ElmoForTokenClassification.from_pretrained(

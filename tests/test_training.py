@@ -385,6 +385,7 @@ def toy_lm(tmp_path_factory) -> Path:
     return tmp_path / "out"
 
 
+@pytest.mark.slow
 def test_the_toy_corpus_is_learned_to_perplexity_below_20_as_in_bilm_tf(toy_lm, one_thread):
     result = runner.invoke(app, ["evaluate", str(toy_lm), str(TOY / "data.txt"), "--threads", "1"])
     assert result.exit_code == 0, result.output
@@ -399,6 +400,7 @@ def test_the_toy_corpus_is_learned_to_perplexity_below_20_as_in_bilm_tf(toy_lm, 
     assert state["validation"] == pytest.approx(metrics)
 
 
+@pytest.mark.slow
 def test_the_trained_directory_records_tokenizer_vocabulary_and_training_in_config_and_card(toy_lm):
     lm = ElmoForBidirectionalLM.from_pretrained(toy_lm)
     assert lm.config.word_tokenizer == "whitespace" and lm.config.word_vocab_file == "vocab.txt"
@@ -417,6 +419,7 @@ def test_the_trained_directory_records_tokenizer_vocabulary_and_training_in_conf
 
 
 @pytest.mark.parametrize("remote_code", [True, False])
+@pytest.mark.slow
 def test_export_encoder_drops_the_softmax_and_keeps_the_representations_and_the_training_record(
     toy_lm, tmp_path, remote_code
 ):
@@ -447,6 +450,7 @@ def test_export_encoder_drops_the_softmax_and_keeps_the_representations_and_the_
     assert bool(list(out.glob("*.py"))) == remote_code
 
 
+@pytest.mark.slow
 def test_export_encoder_refuses_a_model_without_softmax(toy_lm, tmp_path):
     encoder = tmp_path / "encoder"
     assert runner.invoke(app, ["export-encoder", str(toy_lm), str(encoder)]).exit_code == 0
@@ -454,6 +458,7 @@ def test_export_encoder_refuses_a_model_without_softmax(toy_lm, tmp_path):
     assert result.exit_code == 1 and "holds no word softmax" in result.output
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_bilm_keeps_its_vocabulary_and_tokenizer(toy_lm, tmp_path, one_thread):
     domain = write_corpus(tmp_path / "domain.txt", ["neural networks make language models .", "a new word ."])
     output = train(parse_arguments([
@@ -499,6 +504,7 @@ def test_widened_lstm_cells_compute_the_same_function_and_the_new_cells_learn():
         widen_lstm_cells(unprojected, 32)
 
 
+@pytest.mark.slow
 def test_pretrain_grows_a_trained_bilm_and_refuses_other_architecture_changes(toy_lm, tmp_path, one_thread):
     domain = write_corpus(tmp_path / "domain.txt", toy_lines())
     model_config = {**json.loads(TOY_MODEL), "lstm_dim": 24}  # the recipe's fields, one of them grown
@@ -517,6 +523,7 @@ def test_pretrain_grows_a_trained_bilm_and_refuses_other_architecture_changes(to
         ]))
 
 
+@pytest.mark.slow
 def test_dropout_of_a_continued_bilm_comes_from_the_recipe_and_then_from_dropout(toy_lm, tmp_path, one_thread):
     """Dropout is a training setting: a recipe's `model_config` may set it for --init_model (a run continued with
     the recipe once failed because the trained model's dropout differed from the recipe's), --dropout overrides it."""
@@ -572,6 +579,7 @@ def run_pretrain(args: list[str], log: Path) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_continues_exactly(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.txt", toy_lines() * 20)
     args = ["--train_files", str(corpus), "--vocab_file", str(require(TOY / "vocab.txt")), "--word_tokenizer",
@@ -647,6 +655,7 @@ def test_resume_refuses_damaged_and_pickled_checkpoints_in_one_line(tmp_path, on
     assert "random_states_0.pkl" in result.stderr and "never loaded" in result.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_read_their_own_part_and_keep_their_weights_in_sync(tmp_path):
     lines = numbered_lines(40)
     files = [write_corpus(tmp_path / f"part-{i}.txt", lines[i::2]) for i in range(2)]
@@ -721,6 +730,7 @@ def test_a_vocabulary_that_is_not_utf8_is_named_in_one_line(tmp_path, one_thread
                              "vocabulary is one UTF-8 word per line\n")
 
 
+@pytest.mark.slow
 def test_the_trained_directory_is_pushed_with_its_vocabulary_and_evaluated_from_the_hub(
     toy_lm, fake_hub: FakeHub, tmp_path, one_thread
 ):
@@ -748,6 +758,7 @@ def test_an_empty_or_blank_corpus_is_an_error_not_a_random_model(tmp_path, text)
     assert not (tmp_path / "out" / "model.safetensors").exists() and not (tmp_path / "out" / "README.md").exists()
 
 
+@pytest.mark.slow
 def test_empty_held_out_text_has_no_perplexity(tmp_path, toy_lm):
     (tmp_path / "blank.txt").write_text("\n \n")
     result = runner.invoke(app, ["evaluate", str(toy_lm), str(tmp_path / "blank.txt")])

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from ..text import WordTokenizer, length_batches, read_lines
+from ..text import WordTokenizer, length_batches, read_lines, windows
 from ..tokenization_elmo import ElmoCharTokenizer
 from .vocabulary import WordVocabulary
 
@@ -52,9 +52,8 @@ def split_line(words: Sequence[str], max_words: int | None) -> list[Segment]:
     """The segments of one line: none for an empty line, pieces of at most `max_words` words for a long one."""
     if not words:
         return []
-    step = max_words or len(words)
-    starts = range(0, len(words), step)
-    return [Segment(tuple(words[s : s + step]), s == 0, s + step >= len(words)) for s in starts]
+    return [Segment(tuple(words[piece]), piece.start == 0, piece.stop == len(words))
+            for piece in windows(len(words), max_words)]
 
 
 def group_by_length(segments: Sequence[Segment], batch_tokens: int) -> list[list[Segment]]:

@@ -29,6 +29,8 @@ from hf_elmo import ElmoModel
 from spacy_elmo.cli import app as elmo_app
 from spacy_elmo.layers import elmo_shim
 
+pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+
 TEXTS = [
     "The European Commission said on Thursday it disagreed with German advice to consumers.",
     "Peter Blackburn flew from BRUSSELS to London .",
