@@ -282,16 +282,16 @@ class ElmoEmbedder:
     @torch.inference_mode()
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One forward pass. Returns per sentence a float32 array `(layers, words, width)` or `(words, width)`."""
-        hidden_states, _ = self._layers(sentences)
+        hidden_states, batch = self._layers(sentences)
         if self.layers == "all":
-            output = torch.stack(hidden_states)  # (layers, batch, positions, width)
+            output = torch.stack([batch.strip(layer) for layer in hidden_states])  # (layers, batch, words, width)
         elif self.layers == "top":
-            output = hidden_states[-1]  # (batch, positions, width)
+            output = batch.strip(hidden_states[-1])  # (batch, words, width)
         else:
-            output = self.mix(hidden_states)
+            output = batch.strip(self.mix(hidden_states))
         output = output.float().cpu().numpy()
         # Copies, so that no sentence keeps the whole batch alive.
-        return [output[..., row, 1 : len(words) + 1, :].copy() for row, words in enumerate(sentences)]
+        return [output[..., row, :words, :].copy() for row, words in enumerate(batch.word_counts)]
 
     def embed_sentences(
         self, sentences: Iterable[Sequence[str]], batch_size: int | None = None

@@ -86,7 +86,7 @@ def elmo_bilm_v1(
 
     get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config: as in `spacy-elmo.ElmoBiLM.v2`.
     """
-    return build_bilm_v1(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config))
+    return build_bilm_v1(build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config)))
 
 
 @registry.architectures("spacy-elmo.ScalarMix.v1")

@@ -1,3 +1,6 @@
+# The fixtures imported from test_model.py are redefined as test arguments by design.
+# ruff: noqa: F811
+
 """`hf_elmo.kernels`: how the biLM runs (oneDNN and MKL matmuls, bf16 packs, the char CNN over distinct words in
 length groups, the step loop, the fused `nn.LSTM` with its cached flat weights, chunking) never changes what it
 computes beyond float32 rounding, and `ElmoInferenceCache` follows the weights and is shared safely by threads."""
@@ -9,33 +12,10 @@ import re
 import pytest
 import torch
 from elmo_fixtures import tiny_config
+from test_model import SENTENCES, model, run, tokenizer  # noqa: F401 (the fixtures are found by name)
 
 from hf_elmo import ElmoCharTokenizer, ElmoInferenceCache, ElmoKernelOptions, ElmoModel
 from hf_elmo.kernels import ElmoKernels
-
-SENTENCES = [
-    ["The", "bank", "raised", "rates", "."],
-    ["We", "sat", "on", "the", "river", "bank"],
-    ["Hi"],
-    "A much longer sentence that goes on and on with many words in it , doesn't it ?".split(),
-]
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return ElmoModel(tiny_config()).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return ElmoCharTokenizer()
-
-
-def run(model, tokenizer, sentences, **kwargs):
-    encoded = tokenizer(sentences, is_split_into_words=True, padding=True, return_tensors="pt", **kwargs)
-    with torch.no_grad():
-        return encoded, model(**encoded, return_state=True)
 
 
 def test_chunked_computation_equals_unchunked(model, tokenizer):

@@ -333,16 +333,9 @@ def bilm_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[lis
     return chain_forward(model, docs, is_train)
 
 
-def build_bilm_v1(
-    name: str,
-    get_spans: SpanGetter,
-    max_batch_tokens: int = 4096,
-    mixed_precision: bool = False,
-    grad_scaler_config: dict | None = None,
-) -> Model[list[Doc], list[Floats3d]]:
-    """`spacy-elmo.ElmoBiLM.v1`: the layers of `build_bilm` behind one node that holds their shim, the structure of
-    the pipelines saved with it (Thinc restores a saved model node by node)."""
-    layers = build_bilm(name, get_spans, max_batch_tokens, mixed_precision, grad_scaler_config)
+def build_bilm_v1(layers: Model[list[Doc], list[Floats3d]]) -> Model[list[Doc], list[Floats3d]]:
+    """`spacy-elmo.ElmoBiLM.v1`: the biLM layer `layers` (`build_bilm`'s) behind one node that holds its shim, the
+    structure of the pipelines saved with it (Thinc restores a saved model node by node)."""
     return Model("elmo_bilm", bilm_v1_forward, init=bilm_init, dims={"nO": None, "nL": None},
                  attrs={"layers": Setting(layers)}, shims=list(bilm_torch(layers).shims))
 
