@@ -59,3 +59,12 @@ def test_bench_latency_bound_prints_the_latency_with_and_without_the_gate_math()
     assert header.split() == ["preset", "as", "is", "no", "gate", "math"]
     name, as_is, as_is_25, bound, bound_25 = row.replace("(", " ").replace(")", " ").split()
     assert name == "small" and all(float(ms) > 0 for ms in (as_is, as_is_25, bound, bound_25))
+
+
+def test_bench_data_prints_the_tokens_per_second_of_each_worker_count():
+    output = run_python(REPO / "benchmarks" / "bench_data.py", "--files", REPO.parent / "shared/data/ptb/ptb.valid.txt",
+                        "--word-tokenizer", "whitespace", "--batch-tokens", 512, "--block-lines", 200, "--workers",
+                        "0,1", "--batches", 3, "--vocab-size", 1000)
+    figures = json.loads(output.strip().splitlines()[-1])
+    assert [r["workers"] for r in figures["results"]] == [0, 1]
+    assert all(r["tokens_per_second"] > 0 and r["per_worker"] == r["tokens_per_second"] for r in figures["results"])

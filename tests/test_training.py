@@ -178,7 +178,7 @@ def test_batches_are_sorted_by_length_within_the_token_budget():
 
 def lines_of(dataset: LMBatches, epoch: int = 0) -> list[str]:
     """The first words of every sequence of one epoch (the numbered lines)."""
-    dataset.set_position(DataPosition(epoch))
+    dataset.set_position(DataPosition.start(epoch))
     tokenizer = ElmoCharTokenizer()
     return [tokenizer.char_ids_to_word(row[1]) for batch in dataset for row in batch["input_ids"]]
 
@@ -204,21 +204,40 @@ def test_each_process_reads_its_own_part_and_together_all_of_the_data(tmp_path, 
     assert lines_of(single, 0) != lines_of(single, 1) != lines_of(dataset(0, 1, seed=1), 1)
 
 
-def test_a_data_position_resumes_the_exact_remaining_batches(tmp_path):
-    lines = numbered_lines(60, words=3) + numbered_lines(20, words=5)
+def loader_batches(dataset: LMBatches, position: DataPosition, workers: int) -> list[dict]:
+    """The batches of a DataLoader with `workers` worker processes from `position`, in the order it gives them."""
+    from torch.utils.data import DataLoader
+
+    dataset.set_position(position)
+    return list(DataLoader(dataset, batch_size=None, num_workers=workers))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_data_position_resumes_the_exact_remaining_batches(tmp_path, workers):
+    """Every run gives the same batches in the same order, whatever the loader's worker processes (block k is made by
+    worker k mod W, the loader takes one batch of each in turn); from the position after any batch, the rest."""
+    lines = numbered_lines(60, words=3) + numbered_lines(20, words=5) + numbered_lines(30, words=2)
     path = write_corpus(tmp_path / "corpus.txt", lines)
     vocabulary = WordVocabulary.from_counts(Counter(w for line in lines for w in line.split()))
     dataset = LMBatches([str(path)], get_word_tokenizer("whitespace"), vocabulary, ElmoCharTokenizer(),
                         batch_tokens=40, block_lines=25, seed=3)
-    dataset.set_position(DataPosition(2))
-    batches = list(dataset)
-    for index in (0, 5, len(batches) - 1):
-        dataset.set_position(DataPosition(*batches[index]["position"]))
-        rest = list(dataset)
-        assert len(rest) == len(batches) - index - 1
-        for expected, actual in zip(batches[index + 1 :], rest):
-            assert torch.equal(expected["input_ids"], actual["input_ids"])
-            assert expected["position"] == actual["position"]
+    batches = loader_batches(dataset, DataPosition.start(2, workers), workers)
+    assert batches == [] or {batch["origin"][1] for batch in batches} == set(range(max(workers, 1)))
+    first_words = sorted(ElmoCharTokenizer().char_ids_to_word(row[1]) for b in batches for row in b["input_ids"])
+    assert first_words == sorted(line.split()[0] for line in lines)  # every line once
+    again = loader_batches(dataset, DataPosition.start(2, workers), workers)
+    assert [b["origin"] for b in again] == [b["origin"] for b in batches]
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(again, batches))
+    position = DataPosition.start(2, workers)
+    for index, batch in enumerate(batches):
+        position = position.after(batch["origin"])
+        if index in (0, 4, 5, len(batches) - 1):
+            rest = loader_batches(dataset, DataPosition.from_json(position.to_json()), workers)
+            assert [b["origin"] for b in rest] == [b["origin"] for b in batches[index + 1 :]]
+            for expected, actual in zip(batches[index + 1 :], rest):
+                assert torch.equal(expected["input_ids"], actual["input_ids"])
+    with pytest.raises(ValueError, match="resume with the same --num_workers"):
+        loader_batches(dataset, DataPosition.start(2, 2), 0)
 
 
 # -- the objective -----------------------------------------------------------------------------------------------
@@ -584,7 +603,7 @@ def test_resume_after_sigkill_continues_exactly(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.txt", toy_lines() * 20)
     args = ["--train_files", str(corpus), "--vocab_file", str(require(TOY / "vocab.txt")), "--word_tokenizer",
             "whitespace", "--model_config", TOY_MODEL, "--threads", "1", "--batch_tokens", "120", "--num_sampled",
-            "8", "--num_train_epochs", "4", "--save_steps", "5", "--save_total_limit", "2", "--num_workers", "1",
+            "8", "--num_train_epochs", "4", "--save_steps", "5", "--save_total_limit", "2", "--num_workers", "2",
             "--logging_steps", "3"]
     reference = run_pretrain([*args, "--output_dir", str(tmp_path / "reference")], tmp_path / "reference.log")
 

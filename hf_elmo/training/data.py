@@ -8,7 +8,12 @@ Per epoch the files are shuffled (seeded by `seed` and the epoch), then each pro
 files (`files[rank::world_size]`) when there are at least as many files as processes, otherwise every
 `world_size`-th line. A process reads its part in blocks of `block_lines` lines; each block is shuffled, sorted
 by length into batches of at most `batch_tokens` padded positions, and the batches are shuffled. Nothing is
-loaded whole, and the position (epoch, block, batch) of every batch is known, so training resumes exactly.
+loaded whole.
+
+With a DataLoader of W worker processes, block k is made by worker k mod W, and the loader takes one batch from each
+worker in turn: the same batches in the same order on every run. Every batch says where it came from (its epoch,
+worker, block and index), and the `DataPosition` of the batches taken so far (each worker's last block and batch,
+and whose turn is next) lets a run resume exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..text import WordTokenizer, length_batches, read_lines, windows
 from ..tokenization_elmo import ElmoCharTokenizer
@@ -32,11 +37,31 @@ IGNORE_INDEX = -100
 
 @dataclass(frozen=True)
 class DataPosition:
-    """A place in a process's data stream: the first `batch` batches of block `block` of `epoch` are done."""
+    """A place in a process's data stream in `epoch`: worker w (of `len(done)`) has made the batches of its blocks up
+    to block `done[w][0]` and the first `done[w][1]` batches of that one; worker `turn` makes the next batch."""
 
     epoch: int = 0
-    block: int = 0
-    batch: int = 0
+    done: tuple[tuple[int, int], ...] = ((0, 0),)
+    turn: int = 0
+
+    @classmethod
+    def start(cls, epoch: int = 0, workers: int = 1) -> DataPosition:
+        """The start of `epoch` for `workers` workers (0: batches made in the training process, as one)."""
+        return cls(epoch, tuple((w, 0) for w in range(max(workers, 1))), 0)
+
+    def after(self, origin: Sequence[int]) -> DataPosition:
+        """The position after a batch of `origin` (epoch, worker, block, index) was taken."""
+        _, worker, block, index = origin
+        done = tuple((block, index + 1) if w == worker else d for w, d in enumerate(self.done))
+        return DataPosition(self.epoch, done, (worker + 1) % len(done))
+
+    def to_json(self) -> list:
+        return [self.epoch, [list(d) for d in self.done], self.turn]
+
+    @classmethod
+    def from_json(cls, value: list) -> DataPosition:
+        epoch, done, turn = value
+        return cls(epoch, tuple(tuple(d) for d in done), turn)
 
 
 @dataclass(frozen=True)
@@ -80,8 +105,9 @@ def encode_batch(
 
 
 class LMBatches(IterableDataset):
-    """One epoch of batches (dicts of `encode_batch` tensors plus `position`, the `DataPosition` after the batch)
-    for one process, from `set_position` (default: the start of epoch 0) to the end of that epoch.
+    """One epoch of batches (dicts of `encode_batch`'s plus `origin`: the epoch, loader worker, block and index of
+    the batch) for one process, from `set_position` (default: the start of epoch 0, made in the process) to the end
+    of that epoch. In a DataLoader of W workers, worker w makes the blocks k with k mod W = w (see the module).
 
     Args:
         files: corpus files, one sentence or paragraph per line (`.gz` read compressed).
@@ -128,7 +154,7 @@ class LMBatches(IterableDataset):
         self.position = DataPosition()
 
     def set_position(self, position: DataPosition) -> None:
-        """Start the next iteration at `position` (a new epoch: `DataPosition(epoch)`)."""
+        """Start the next iteration at `position` (a new epoch: `DataPosition.start(epoch, workers)`)."""
         self.position = position
 
     def epoch_files(self, epoch: int) -> list[str]:
@@ -158,18 +184,25 @@ class LMBatches(IterableDataset):
         return batches
 
     def __iter__(self) -> Iterator[dict]:
-        start = self.position
-        lines = self.process_lines(start.epoch)
+        """This worker's batches from the position set (each with its `origin`: epoch, worker, block, index)."""
+        position = self.position
+        info = get_worker_info()
+        loader_id, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if workers != len(position.done):
+            raise ValueError(f"the data position is one of {len(position.done)} loader workers; this loader has "
+                             f"{workers}: resume with the same --num_workers")
+        worker = (loader_id + position.turn) % workers  # the loader asks worker 0 first: the one whose turn it is
+        start_block, start_batch = position.done[worker]
+        lines = self.process_lines(position.epoch)
         for block in itertools.count():
             block_lines = list(itertools.islice(lines, self.block_lines))
             if not block_lines:
                 return
-            if block < start.block:
-                continue  # read, not tokenized: cheap
-            batches = self.block_batches(block_lines, start.epoch, block)
-            first = start.batch if block == start.block else 0
-            for index in range(first, len(batches)):
+            if block % workers != worker or block < start_block:
+                continue  # another worker's block, or one done: read, not tokenized (cheap)
+            batches = self.block_batches(block_lines, position.epoch, block)
+            for index in range(start_batch if block == start_block else 0, len(batches)):
                 yield {
                     **encode_batch(batches[index], self.char_tokenizer, self.vocabulary),
-                    "position": (start.epoch, block, index + 1),
+                    "origin": (position.epoch, worker, block, index),
                 }
