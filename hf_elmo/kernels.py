@@ -56,6 +56,10 @@ class ElmoKernelOptions:
             batched MKL matmul for both directions rather than two oneDNN calls (~15 µs fixed cost each). Measured
             on an AMD EPYC (one 20-word sentence): small model 12.4 -> 10.1 ms with its 0.5M-element weights; with
             2M-element weights both are on par (medium) or oneDNN is faster (original).
+        distinct_words: the char CNN runs on each distinct word of a batch once, grouped by length and cut after the
+            characters the longest word of a group uses (True), or on every position of the batch, all character
+            slots (False): the same values. `"auto"`: distinct words on a CPU; every position on a GPU, where finding
+            the distinct words and their lengths makes the host wait for the device (and the GPU has the FLOPs).
     """
 
     onednn: bool | str = "auto"
@@ -63,12 +67,15 @@ class ElmoKernelOptions:
     char_cnn_chunk: int = 1024
     lstm_time_chunk: int = 128
     single_row_bmm_max_weight: int = 1 << 20
+    distinct_words: bool | str = "auto"
 
     def __post_init__(self) -> None:
         if self.fused_lstm not in FUSED_LSTM_MODES:
             raise ValueError(f"fused_lstm must be 'auto', 'always' or 'never', got {self.fused_lstm!r}")
-        if not (isinstance(self.onednn, bool) or self.onednn == "auto"):
-            raise ValueError(f"onednn must be True, False or 'auto', got {self.onednn!r}")
+        for name in ("onednn", "distinct_words"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value == "auto"):
+                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
         for name in ("char_cnn_chunk", "lstm_time_chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -87,6 +94,10 @@ class ElmoKernelOptions:
         if self.fused_lstm == "auto":
             return reference.is_cuda and not clipped
         return self.fused_lstm == "always"
+
+    def uses_distinct_words(self, reference: torch.Tensor) -> bool:
+        """Whether the char CNN runs on each distinct word once for tensors like `reference` (else every position)."""
+        return not reference.is_cuda if self.distinct_words == "auto" else self.distinct_words
 
     def uses_batched_step(self, rows: int, weight: torch.Tensor) -> bool:
         """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both
@@ -153,6 +164,15 @@ def bf16_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def cuda_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype when `x @ weight` runs eagerly on a GPU under autocast without gradient (the weights are
+    then cast once and kept by the cache, rather than cast by autocast at every call and step), else None."""
+    if (torch.compiler.is_compiling() or x.device.type != "cuda" or not torch.is_autocast_enabled("cuda")
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return None
+    return torch.get_autocast_dtype("cuda")
+
+
 def _eager_cpu_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Eager (not compiling), this torch build has oneDNN's linear ops, CPU, no gradient needed."""
     return (
@@ -213,11 +233,19 @@ def packed_lstm_weights(
       window: a packed copy of the largest weight measured only ~2 % faster).
     - bf16 autocast (`bf16_autocast_inference`): all three packed per direction in bf16, which autocast would
       otherwise cast again at every call and step.
+    - a GPU under autocast (`cuda_autocast_inference`), with `inference_cache`: the input weight cast to the autocast
+      dtype and the step weights cast and transposed to (2, K, N), made once.
     """
     _, *step_weights = weights
     present = [w for w in step_weights if w is not None]
     if not present:
         return None
+    cast = cuda_autocast_inference(x, present[0])
+    if cast is not None:
+        if inference_cache is None:
+            return None
+        return [inference_cache.cast_weight(weights[0], cast),
+                *(None if w is None else inference_cache.cast_weight(w, cast, transposed=True) for w in step_weights)]
     if (
         _eager_cpu_inference(x, present[0])
         and not torch.is_autocast_enabled("cpu")
@@ -243,7 +271,12 @@ def packed_linear_weight(
     packed once in bf16 by `inference_cache`, which autocast would otherwise cast again at every call (the char CNN's
     highway: one 20-word sentence of the small preset 10.5 -> 8.8 ms, the original 42.6 -> 39.8 ms), else `weight`
     itself (in float32 a packed copy gained 0-1 % of one-sentence latency)."""
-    if inference_cache is None or not bf16_autocast_inference(x, weight):
+    if inference_cache is None:
+        return weight
+    cast = cuda_autocast_inference(x, weight)
+    if cast is not None:  # on a GPU under autocast: cast once (autocast casts again at every call)
+        return inference_cache.cast_weight(weight, cast)
+    if not bf16_autocast_inference(x, weight):
         return weight
     return inference_cache.packed_weights([weight], torch.bfloat16)[0][0]
 
@@ -330,6 +363,7 @@ class ElmoKernels:
         self.options = options
         self.cache = inference_cache
         self.traced = torch.compiler.is_compiling()
+        self.every_position = self.traced or not options.uses_distinct_words(inputs)
         if self.traced:
             self.recurrence = "masked"
         else:
@@ -353,9 +387,10 @@ class ElmoKernels:
         (batch, positions, output_dim), zeros at padding.
 
         Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
-        needed). Traced, every position goes through it: the same values, without shapes that depend on the data.
+        needed). Traced, and on a GPU (`options.distinct_words`), every position goes through it, all its character
+        slots: the same values, without shapes that depend on the data (nothing for the host to wait for).
         """
-        if self.traced:
+        if self.every_position:
             words = input_ids.flatten(0, 1)
             embedded = char_cnn.project(char_cnn.convolve(words, self), self).view(*input_ids.shape[:2], -1)
             return embedded * mask[..., None]
@@ -441,7 +476,7 @@ class ElmoKernels:
                 break
             window = inputs[:, :active, start : start + options.lstm_time_chunk]
             # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
-            input_weight = packed_input or layer.input_weight
+            input_weight = layer.input_weight if packed_input is None else packed_input
             projected = [linear(window[d], input_weight[d], bias[d], options).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
@@ -494,7 +529,8 @@ class ElmoKernels:
         if started == 0:
             return inputs.new_zeros(2, batch, steps, layer.recurrent_weight.shape[2]), state
         weights_need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
-        lstms = self.cache.fused_lstms(layer) if self.cache is not None and not weights_need_grad else None
+        cast = cuda_autocast_inference(inputs, layer.input_weight)
+        lstms = self.cache.fused_lstms(layer, cast) if self.cache is not None and not weights_need_grad else None
         gathered = None if lstms is not None else fused_lstm_weights(layer)
         row_lengths = torch.tensor(lengths[:started])
         outputs, final_h, final_c = [], [], []
@@ -620,23 +656,31 @@ class ElmoInferenceCache:
             for weight in weights
         ]
 
-    def fused_lstms(self, layer: nn.Module) -> list[nn.LSTM]:
-        """The `nn.LSTM` of each direction of an `ElmoLstmLayer` (`fused_lstm_weights`), its weights in one
-        contiguous block in cuDNN's layout (`flatten_parameters`): made once, remade when a weight changes."""
+    def cast_weight(self, weight: torch.Tensor, dtype: torch.dtype, transposed: bool = False) -> torch.Tensor:
+        """A copy of `weight` in `dtype` (a (2, N, K) weight as a contiguous (2, K, N) with `transposed`, for
+        `both_directions`), for matmuls under GPU autocast."""
+        return self._derived([weight], ("cast", dtype, transposed),
+                             lambda w: (w.detach().mT if transposed else w.detach()).to(dtype).contiguous())
+
+    def fused_lstms(self, layer: nn.Module, dtype: torch.dtype | None = None) -> list[nn.LSTM]:
+        """The `nn.LSTM` of each direction of an `ElmoLstmLayer` (`fused_lstm_weights`), in `dtype` (default: the
+        layer's; under GPU autocast its dtype, which autocast would otherwise cast the weights to at every call), its
+        weights in one contiguous block in cuDNN's layout (`flatten_parameters`): made once, remade when a weight
+        changes."""
         weights = [layer.input_weight, layer.recurrent_weight, layer.bias, layer.projection_weight]
+        dtype = dtype or layer.input_weight.dtype
 
         def make(_) -> list[nn.LSTM]:
             lstms = []
             with torch.no_grad():
                 for state in fused_lstm_weights(layer):
-                    lstm = _meta_lstm(layer).to_empty(device=layer.input_weight.device)
-                    lstm = lstm.to(layer.input_weight.dtype).requires_grad_(False)
-                    lstm.load_state_dict(state)
+                    lstm = _meta_lstm(layer).to_empty(device=layer.input_weight.device).to(dtype)
+                    lstm.requires_grad_(False).load_state_dict(state)
                     lstm.flatten_parameters()
                     lstms.append(lstm)
             return lstms
 
-        return self._derived([w for w in weights if w is not None], "fused", make)
+        return self._derived([w for w in weights if w is not None], ("fused", dtype), make)
 
     def _derived(self, weights: Sequence[torch.Tensor], form: object, make: Callable[[torch.Tensor], object]) -> object:
         """`make(weights[0])`, made once per weight and `form` and again when any of `weights` changes."""

@@ -18,7 +18,6 @@ from thinc.api import (
     Maxout,
     Model,
     ParametricAttention,
-    PyTorchLSTM,
     Softmax,
     chain,
     concatenate,
@@ -46,6 +45,7 @@ from .layers import (
     scalar_mix,
     standalone_bilm,
 )
+from .layers.pytorch import task_bilstm
 
 NO_SETTINGS = SimpleFrozenDict()
 
@@ -194,7 +194,7 @@ def tok2vec_with_elmo_v1(
     """
 
     def bilstm(input_width: int) -> Model[list[Floats2d], list[Floats2d]]:
-        return with_padded(PyTorchLSTM(width, input_width, bi=True, depth=depth, dropout=dropout))
+        return with_padded(task_bilstm(width, input_width, depth, dropout))
 
     return _encoder_with_elmo(embed, bilstm, width, elmo, elmo_output)
 

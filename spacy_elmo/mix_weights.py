@@ -11,7 +11,7 @@ from spacy.language import Language
 
 from hf_elmo.modeling_elmo import scalar_mix_weights
 
-from .layers.tensors import to_torch
+from .layers.pytorch import to_torch
 
 
 @dataclass

@@ -311,6 +311,7 @@ def test_a_long_line_streams_to_the_output_in_the_memory_of_its_windows(tmp_path
     np.testing.assert_allclose(next(embedder.embed_sentences([words])), expected, atol=1e-5)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_embedding_on_cuda_matches_cpu(tiny_model_dir):
     options = {"layers": "mix", "scalar_parameters": [0.5, -1.0, 2.0], "gamma": 1.5, "batch_tokens": 30}

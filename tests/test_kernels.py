@@ -302,6 +302,7 @@ def test_fused_lstm_mode_defaults_to_exactness():
     assert ElmoKernelOptions(fused_lstm="always").uses_fused_lstm(cpu, clipped=True)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cudnn_lstm_on_gpu_matches_the_cpu_step_loop(monkeypatch, tokenizer):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -341,3 +342,81 @@ def test_concurrent_calls_from_threads_give_the_single_thread_vectors(tokenizer)
         got = list(pool.map(top_layer, encoded * 3))
     for output, reference in zip(got, expected * 3):
         assert (output - reference).abs().max() <= 1e-6
+
+
+def test_the_char_cnn_on_every_position_gives_the_distinct_words_values_and_gradients(tokenizer):
+    """`distinct_words=False` (a GPU's default: no host waits for the distinct words and their lengths) computes
+    every position with all its character slots: the same vectors and gradients as each distinct word once."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()  # no dropout; gradients still flow
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    results = []
+    for distinct in (True, False):
+        model.kernel_options = ElmoKernelOptions(distinct_words=distinct)
+        assert ElmoKernels(model.kernel_options, encoded["input_ids"]).every_position is not distinct
+        model.zero_grad()
+        layers = model(**encoded).hidden_states
+        sum(layer.square().sum() for layer in layers).backward()
+        results.append((layers, model.char_cnn.convs[2].weight.grad.clone()))
+    (layers, grad), (every_layers, every_grad) = results
+    for a, b in zip(layers, every_layers):
+        assert (a - b).abs().max() <= 1e-6
+    assert (grad - every_grad).abs().max() <= 1e-5 * grad.abs().max()
+    assert ElmoKernelOptions().uses_distinct_words(torch.zeros(1))  # auto: distinct words on a CPU
+    with pytest.raises(ValueError, match="distinct_words must be True, False or 'auto'"):
+        ElmoKernelOptions(distinct_words="gpu")
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")  # bf16 on a CPU, here
+def test_the_cache_keeps_weights_cast_for_gpu_autocast_and_fused_lstms_in_that_dtype():
+    """Under GPU autocast the weights are cast once and kept (autocast casts them again at every call and LSTM step);
+    the fused `nn.LSTM`s are kept in the autocast dtype, flat. The copies follow changes of the weights."""
+    torch.manual_seed(0)
+    layer = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).bilstm.layers[0]
+    cache = ElmoInferenceCache()
+    cast = cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True)
+    assert cast.dtype == torch.bfloat16 and cast.shape == layer.recurrent_weight.mT.shape and cast.is_contiguous()
+    assert cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True) is cast  # made once
+    assert torch.equal(cast, layer.recurrent_weight.detach().mT.to(torch.bfloat16))
+    lstms = cache.fused_lstms(layer, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for lstm in lstms for p in lstm.parameters())
+    assert cache.fused_lstms(layer, torch.bfloat16) is lstms and cache.fused_lstms(layer) is not lstms
+    with torch.no_grad():
+        layer.recurrent_weight.mul_(2.0)
+    assert not torch.equal(cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True), cast)
+    assert cache.fused_lstms(layer, torch.bfloat16) is not lstms
+    inputs = torch.randn(5, 3, layer.input_weight.shape[-1])
+    for got, expected in zip(cache.fused_lstms(layer, torch.bfloat16), cache.fused_lstms(layer)):
+        reference, _ = expected(inputs)
+        output, _ = got(inputs.to(torch.bfloat16))
+        assert (output.float() - reference).abs().max() <= 0.05 * reference.abs().max()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
+def test_a_gpu_forward_of_a_batch_waits_for_nothing_and_warns_nothing(tokenizer, dtype):
+    """On a GPU the biLM's forward of an `ElmoBatch` never makes the host wait for the device (torch's sync debug
+    mode reports every synchronising call), warns nothing (the fused LSTMs' weights are kept flat, and in the autocast
+    dtype), and stays within half precision's rounding of float32."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval().cuda()
+    cache = ElmoInferenceCache()
+    batch = tokenizer.batch(SENTENCES).to("cuda")
+    with torch.no_grad():
+        reference = model(**batch).hidden_states
+        model(**batch, inference_cache=cache)  # the cache's first fill may copy to the host: not timed here
+        with warnings.catch_warnings(record=True) as caught, torch.autocast("cuda", dtype=dtype or torch.float32,
+                                                                            enabled=dtype is not None):
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                output = model(**batch, inference_cache=cache).hidden_states
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert [str(w.message) for w in caught] == []
+    tolerance = 1e-5 if dtype is None else 0.05
+    for layer, expected in zip(output, reference):
+        assert (layer.float() - expected).abs().max() <= tolerance * max(1.0, float(expected.abs().max()))

@@ -470,3 +470,50 @@ def test_bilm_v1_is_the_v2_layers_behind_the_one_node_saved_pipelines_have(elmo_
     assert (v1.get_dim("nO"), v1.get_dim("nL")) == (v2.get_dim("nO"), v2.get_dim("nL")) == (WIDTH, N_LAYERS)
     restored = elmo_bilm_v1(configure_sent_spans(200), name="").from_bytes(v1.to_bytes())
     np.testing.assert_allclose(restored.predict(docs)[0], v1.predict(docs)[0], atol=1e-6)
+
+
+# -- torch modules inside Thinc ------------------------------------------------------------------------------------
+
+
+def test_the_task_bilstm_is_thincs_pytorch_lstm_and_steps_its_weights_in_place():
+    """`task_bilstm` computes what Thinc's `PyTorchLSTM` computes; an optimizer step writes into the parameters'
+    own memory (on a GPU their one flat cuDNN block: Thinc's step replaced each tensor, and torch then warned and
+    compacted the weights at every call)."""
+    from thinc.api import Adam, PyTorchLSTM, with_padded
+
+    from spacy_elmo.layers.pytorch import task_bilstm
+
+    ours, thincs = with_padded(task_bilstm(6, 4)), PyTorchLSTM(6, 4, bi=True)  # Thinc's: with_padded already
+    ours.layers[0].shims[0]._model.load_state_dict(thincs.layers[0].shims[0]._model.state_dict())
+    rng = np.random.default_rng(0)
+    Xs = [rng.normal(size=(n, 4)).astype("float32") for n in (3, 1, 5)]
+    (Ys, backprop), (expected, _) = ours.begin_update(Xs), thincs.begin_update(Xs)
+    for Y, reference in zip(Ys, expected, strict=True):
+        np.testing.assert_allclose(Y, reference, atol=1e-6)
+    lstm = ours.layers[0].shims[0]._model
+    before = {name: (p.data_ptr(), p.detach().clone()) for name, p in lstm.named_parameters()}
+    backprop([np.ones_like(Y) for Y in Ys])
+    ours.finish_update(Adam(0.1))
+    for name, parameter in lstm.named_parameters():
+        assert parameter.data_ptr() == before[name][0], name  # the same memory
+        assert not torch.equal(parameter.detach(), before[name][1]), name  # a step was taken
+        assert not parameter.grad.any(), name
+
+
+def test_torch_module_state_is_saved_without_pickle_and_pipelines_saved_with_thincs_shim_load():
+    from thinc.api import PyTorchLSTM
+
+    from spacy_elmo.layers.pytorch import TORCH_SAVE_MAGIC, task_bilstm
+
+    saved = task_bilstm(6, 4)
+    data = saved.to_bytes()
+    assert TORCH_SAVE_MAGIC not in data and b"torch._utils" not in data
+    loaded = task_bilstm(6, 4).from_bytes(data)
+    for (name, a), b in zip(saved.shims[0]._model.state_dict().items(), loaded.shims[0]._model.state_dict().values()):
+        assert torch.equal(a, b), name
+    # A pipeline saved before: Thinc's shim wrote torch.save bytes, read back by torch's weights-only loader.
+    old = PyTorchLSTM(6, 4, bi=True).layers[0]
+    assert TORCH_SAVE_MAGIC in old.to_bytes()
+    from_old = task_bilstm(6, 4).from_bytes(old.to_bytes())
+    for (name, a), b in zip(old.shims[0]._model.state_dict().items(), from_old.shims[0]._model.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -3,12 +3,12 @@ a ReLU feedforward, a biLSTM, self-biattention and an integrating biLSTM, on one
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-from thinc.api import ArgsKwargs, Model, PyTorchWrapper_v2, torch2xp, xp2torch
+from thinc.api import Model
 from thinc.types import Padded
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .pytorch import padded_module
 
 
 class BiattentiveEncoder(torch.nn.Module):
@@ -52,29 +52,4 @@ class BiattentiveEncoder(torch.nn.Module):
 
 def biattentive_encoder(n_in: int, width: int, feedforward_width: int, dropout: float) -> Model[Padded, Padded]:
     """`BiattentiveEncoder` as a Thinc layer on `Padded` texts (use inside `with_padded`)."""
-    return PyTorchWrapper_v2(BiattentiveEncoder(n_in, width, feedforward_width, dropout),
-                             convert_inputs=_padded_to_torch, convert_outputs=_torch_to_padded)
-
-
-def _padded_to_torch(model: Model, Xp: Padded, is_train: bool) -> tuple[ArgsKwargs, Callable[[ArgsKwargs], Padded]]:
-    # The lengths stay on the CPU, where packing needs them (no device round trip per batch).
-    lengths = torch.from_numpy(model.ops.to_numpy(Xp.lengths).astype("int64"))
-    inputs = ArgsKwargs(args=(xp2torch(Xp.data, requires_grad=is_train, device=model.shims[0].device), lengths),
-                        kwargs={})
-
-    def backprop(d_inputs: ArgsKwargs) -> Padded:
-        return Padded(torch2xp(d_inputs.args[0]), Xp.size_at_t, Xp.lengths, Xp.indices)
-
-    return inputs, backprop
-
-
-def _torch_to_padded(
-    model: Model, X_Ytorch: tuple[Padded, torch.Tensor], is_train: bool
-) -> tuple[Padded, Callable[[Padded], ArgsKwargs]]:
-    Xp, Ytorch = X_Ytorch
-
-    def backprop(dYp: Padded) -> ArgsKwargs:
-        d_Ytorch = xp2torch(dYp.data, device=Ytorch.device).reshape(Ytorch.shape)  # an empty batch: (0, 0, 0)
-        return ArgsKwargs(args=((Ytorch,),), kwargs={"grad_tensors": (d_Ytorch,)})
-
-    return Padded(torch2xp(Ytorch), Xp.size_at_t, Xp.lengths, Xp.indices), backprop
+    return padded_module(BiattentiveEncoder(n_in, width, feedforward_width, dropout), with_lengths=True)

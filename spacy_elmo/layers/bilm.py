@@ -28,7 +28,7 @@ import numpy as np
 import srsly
 import torch
 from spacy.tokens import Doc
-from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, PyTorchShim, get_torch_default_device
+from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, get_torch_default_device
 from thinc.layers.chain import forward as chain_forward
 from thinc.layers.pytorchwrapper import forward as pytorch_forward
 from thinc.types import Floats3d, Floats4d
@@ -38,7 +38,7 @@ from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
 from ..weights import load_pretrained
-from .tensors import to_torch, to_xp
+from .pytorch import TorchShim, to_torch, to_xp
 
 NO_WEIGHTS_ERROR = (
     "The ELMo biLM has no weights: its `name` is empty. Give its source: `\"default\"` (the English model shipped "
@@ -50,8 +50,8 @@ NO_WEIGHTS_ERROR = (
 )
 
 
-class ElmoShim(PyTorchShim):
-    """A `PyTorchShim` whose `ElmoModel` can be set after construction (at initialize or first use).
+class ElmoShim(TorchShim):
+    """A `TorchShim` whose `ElmoModel` can be set after construction (at initialize or first use).
 
     Serialised as the biLM's `ElmoConfig` plus its tensors (msgpack, no pickle), so a pipeline directory holds
     everything needed to rebuild the biLM without its original source.

@@ -19,7 +19,7 @@ from thinc.types import Floats2d, Floats3d
 from hf_elmo.modeling_elmo import scalar_mix as mix_layers
 from hf_elmo.modeling_elmo import scalar_mix_weights
 
-from .tensors import to_torch, to_xp
+from .pytorch import to_torch, to_xp
 
 LAYER_NORM_EPS = 1e-12
 
