@@ -582,13 +582,16 @@ class ElmoModel(ElmoPreTrainedModel):
         )
 
 
-def lm_target_masks(attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which predictions the biLM objective counts, (batch, positions - 1) bool each: the forward LM at position t
-    predicts `labels[:, t + 1]`, the backward LM at position t + 1 predicts `labels[:, t]`; a pair of neighbours
-    counts when both are real positions (never padding, whatever its labels) and the label is not -100."""
+def lm_target_index(attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The predictions the biLM objective counts, as flat indices i into (batch × positions) (1-D each): the
+    forward LM's state at i predicts `labels.flatten()[i + 1]`, the backward LM's state at i + 1 predicts
+    `labels.flatten()[i]`; a pair of neighbours counts when both are real positions (never padding, whatever its
+    labels) and the label is not -100. Made on the host with the batch (`encode_batch`), they cost the device no
+    synchronisation."""
     real = attention_mask.bool()
     both_real = real[:, :-1] & real[:, 1:]
-    return both_real & (labels[:, 1:] != -100), both_real & (labels[:, :-1] != -100)
+    masks = both_real & (labels[:, 1:] != -100), both_real & (labels[:, :-1] != -100)
+    return tuple(F.pad(mask, (0, 1)).flatten().nonzero().squeeze(1) for mask in masks)
 
 
 def lm_loss(forward_losses: torch.Tensor, backward_losses: torch.Tensor) -> torch.Tensor:
@@ -603,7 +606,7 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
 
     `labels` (batch, positions) hold word ids of the softmax vocabulary aligned with `input_ids` (-100 =
     ignore): the forward LM at position t predicts `labels[t + 1]`, the backward LM predicts `labels[t - 1]`
-    (`lm_target_masks`; the loss is `lm_loss`). Training with a sampled softmax (`hf_elmo.training`) estimates
+    (`lm_target_index`; the loss is `lm_loss`). Training with a sampled softmax (`hf_elmo.training`) estimates
     the same objective from `lm_states`.
     """
 
@@ -652,10 +655,12 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
         backward_logits = self.softmax(backward_states)
         loss = None
         if labels is not None:
-            forward_mask, backward_mask = lm_target_masks(outputs.attention_mask, labels)
+            forward_index, backward_index = lm_target_index(outputs.attention_mask, labels)
+            targets = labels.flatten()
             loss = lm_loss(
-                F.cross_entropy(forward_logits[:, :-1][forward_mask], labels[:, 1:][forward_mask], reduction="none"),
-                F.cross_entropy(backward_logits[:, 1:][backward_mask], labels[:, :-1][backward_mask],
+                F.cross_entropy(forward_logits.flatten(0, 1)[forward_index], targets[forward_index + 1],
+                                reduction="none"),
+                F.cross_entropy(backward_logits.flatten(0, 1)[backward_index + 1], targets[backward_index],
                                 reduction="none"),
             )
         return ElmoBidirectionalLMOutput(

@@ -255,7 +255,10 @@ def test_the_objective_counts_every_real_target_once_whatever_the_padding():
     batch = toy_batch(vocabulary)
     output = objective(**batch)
     n_targets = int(batch["attention_mask"].sum()) - len(batch["labels"])  # words + one </S> per line
-    assert int(output.n_targets) == n_targets
+    assert int(output.n_targets) == n_targets == len(batch["forward_index"]) == len(batch["backward_index"])
+    unindexed = {key: value for key, value in batch.items() if not key.endswith("_index")}
+    found = objective(**unindexed)  # the index the batch brings from the host is the one the labels give
+    torch.testing.assert_close(found.loss, output.loss, rtol=0, atol=0)
     torch.testing.assert_close(0.5 * (output.forward_loss_sum + output.backward_loss_sum) / n_targets, output.loss)
     lengths = batch["attention_mask"].sum(dim=1).tolist()
     rows = [{**{key: batch[key][i : i + 1, :length] for key in ("input_ids", "attention_mask", "labels")},
@@ -264,7 +267,7 @@ def test_the_objective_counts_every_real_target_once_whatever_the_padding():
     torch.testing.assert_close(output.forward_loss_sum, sum(row.forward_loss_sum for row in alone))
     torch.testing.assert_close(output.backward_loss_sum, sum(row.backward_loss_sum for row in alone))
     torch.testing.assert_close(alone[0].loss, lm(**rows[0]).loss)  # the model's own loss, without padding
-    torch.testing.assert_close(output.loss, lm(**batch).loss)  # and with it: one objective
+    torch.testing.assert_close(output.loss, lm(**unindexed).loss)  # and with it: one objective
 
 
 def test_log_uniform_candidates_are_distinct_and_zipfian():
@@ -782,3 +785,38 @@ def test_empty_held_out_text_has_no_perplexity(tmp_path, toy_lm):
     (tmp_path / "blank.txt").write_text("\n \n")
     result = runner.invoke(app, ["evaluate", str(toy_lm), str(tmp_path / "blank.txt")])
     assert result.exit_code == 1 and "held-out text holds no words" in result.output
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_a_gpu_pretraining_step_waits_for_nothing(dtype):
+    """A sampled-softmax training step of a batch made by `encode_batch` (forward, backward, clipping, Adam) never
+    makes the host wait for the device (torch's sync debug mode reports every synchronising call)."""
+    import warnings
+
+    vocabulary = WordVocabulary.load(require(TOY / "vocab.txt"))
+    torch.manual_seed(0)
+    config = ElmoConfig(**json.loads(TOY_MODEL), vocab_size=len(vocabulary), cell_clip=None, proj_clip=None)
+    objective = BidirectionalLMLoss(ElmoForBidirectionalLM(config), num_sampled=16).cuda().train()
+    optimizer = torch.optim.Adam(objective.parameters(), lr=1e-3)
+    batch = {key: value.cuda() if isinstance(value, torch.Tensor) else value
+             for key, value in toy_batch(vocabulary).items()}
+    sums = []
+    for step in range(3):  # the first step sets up the optimizer state and cuDNN: not watched
+        with warnings.catch_warnings(record=True) as caught, torch.autocast("cuda", dtype=dtype or torch.float32,
+                                                                            enabled=dtype is not None):
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn" if step else "default")
+            try:
+                output = objective(**batch)
+                output.loss.backward()
+                torch.nn.utils.clip_grad_norm_(objective.parameters(), 5.0)
+                optimizer.step()
+                optimizer.zero_grad()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        if step:
+            assert [str(w.message) for w in caught] == []
+        sums.append(output.forward_loss_sum)
+    assert all(torch.isfinite(torch.stack(sums)))

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..modeling_elmo import lm_target_index
 from ..text import WordTokenizer, length_batches, read_lines, windows
 from ..tokenization_elmo import ElmoCharTokenizer
 from .vocabulary import WordVocabulary
@@ -92,7 +93,8 @@ def encode_batch(
 ) -> dict[str, Any]:
     """Model inputs of a batch: the `ElmoBatch` (`input_ids` (batch, positions, chars), `attention_mask` (batch,
     positions), `lengths` on the host) and `labels` (batch, positions) = softmax ids of `<S>`, the words and `</S>`,
-    -100 at padding and at the ends of pieces that are not the ends of a line."""
+    -100 at padding and at the ends of pieces that are not the ends of a line, with the `lm_target_index` of the
+    predictions (`forward_index`, `backward_index`) made here, on the host."""
     batch = char_tokenizer.batch([segment.words for segment in segments])
     labels = np.full(batch.attention_mask.shape, IGNORE_INDEX, dtype=np.int64)
     for row, (segment, length) in enumerate(zip(segments, batch.lengths)):
@@ -101,7 +103,9 @@ def encode_batch(
             labels[row, 0] = IGNORE_INDEX
         if not segment.ends_line:
             labels[row, length - 1] = IGNORE_INDEX
-    return {**batch, "labels": torch.from_numpy(labels)}
+    labels = torch.from_numpy(labels)
+    forward_index, backward_index = lm_target_index(batch.attention_mask, labels)
+    return {**batch, "labels": labels, "forward_index": forward_index, "backward_index": backward_index}
 
 
 class LMBatches(IterableDataset):

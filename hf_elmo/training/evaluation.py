@@ -50,7 +50,8 @@ def evaluate(
     objective.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     for batch in tqdm(batches, desc="evaluating", unit=" batches", disable=not progress, leave=False):
-        inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}
+        inputs = {key: batch[key].to(device, non_blocking=True)
+                  for key in ("input_ids", "attention_mask", "labels", "forward_index", "backward_index")}
         output = objective(**inputs, lengths=batch["lengths"])
         sums += torch.stack([output.forward_loss_sum.double(), output.backward_loss_sum.double(),
                              output.n_targets.double()])

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..modeling_elmo import ElmoForBidirectionalLM, lm_loss, lm_target_masks
+from ..modeling_elmo import ElmoForBidirectionalLM, lm_loss, lm_target_index
 
 # Logits computed at once by the full softmax (rows x vocabulary), to bound the memory of evaluation.
 FULL_SOFTMAX_CHUNK = 1 << 24
@@ -54,7 +54,7 @@ def sampled_softmax_loss(
     """Per-row loss (rows,) of hidden (rows, P) → targets (rows,) through softmax weight (V, P), bias (V,)."""
     vocab_size = weight.shape[0]
     candidates, num_tries = log_uniform_candidates(num_sampled, vocab_size)
-    candidates = candidates.to(hidden.device)
+    candidates = candidates.to(hidden.device, non_blocking=True)  # drawn on the host: no wait for the device
 
     def log_expected_count(ids: torch.Tensor) -> torch.Tensor:
         # P(id drawn at least once in num_tries draws), as TensorFlow's unique sampler reports it.
@@ -85,9 +85,9 @@ class _SampledSoftmaxLoss(torch.autograd.Function):
             # A candidate equal to a row's target is removed from that row ("accidental hit").
             position = torch.full((weight.shape[0],), -1, dtype=torch.long, device=hidden.device)
             position[candidates] = torch.arange(len(candidates), device=hidden.device)
-            hit = position[targets]
-            rows = (hit >= 0).nonzero().squeeze(1)
-            logits[rows, hit[rows]] = float("-inf")
+            hit = position[targets][:, None]
+            removed = torch.where(hit >= 0, float("-inf"), logits.gather(1, hit.clamp(min=0)))
+            logits.scatter_(1, hit.clamp(min=0), removed)  # no host sync: rows without a hit rewrite a logit
             top = torch.maximum(logits.amax(dim=1), true) if logits.shape[1] else true
             probabilities = logits.sub_(top[:, None]).exp_()  # in place: the logits are not needed again
             true_exp = torch.exp(true - top)
@@ -180,21 +180,27 @@ class BidirectionalLMLoss(nn.Module):
         attention_mask: torch.Tensor,
         labels: torch.Tensor,
         lengths: Sequence[int] | None = None,
+        forward_index: torch.Tensor | None = None,
+        backward_index: torch.Tensor | None = None,
     ) -> BidirectionalLMLossOutput:
-        """input_ids (batch, positions, chars), attention_mask and labels (batch, positions), and the rows' lengths
-        on the host, as `encode_batch` makes them: the forward LM at position t predicts labels[t + 1], the backward
-        LM labels[t - 1]."""
+        """input_ids (batch, positions, chars), attention_mask and labels (batch, positions), the rows' lengths on
+        the host and the batch's `lm_target_index` on the labels' device, as `encode_batch` makes them (without the
+        index, it is found from the labels, a host synchronisation on a GPU): the forward LM at position t predicts
+        labels[t + 1], the backward LM labels[t - 1]."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.encoder_frozen):
             outputs, forward_states, backward_states = self.lm.lm_states(input_ids, attention_mask, lengths=lengths)
-        forward_mask, backward_mask = lm_target_masks(outputs.attention_mask, labels)
-        hidden = torch.cat([forward_states[:, :-1][forward_mask], backward_states[:, 1:][backward_mask]])
-        targets = torch.cat([labels[:, 1:][forward_mask], labels[:, :-1][backward_mask]])
+        if forward_index is None or backward_index is None:
+            forward_index, backward_index = lm_target_index(outputs.attention_mask, labels)
+        hidden = torch.cat([forward_states.flatten(0, 1)[forward_index],
+                            backward_states.flatten(0, 1)[backward_index + 1]])
+        flat_labels = labels.flatten()
+        targets = torch.cat([flat_labels[forward_index + 1], flat_labels[backward_index]])
         softmax = self.lm.get_output_embeddings()
         if self.training and self.num_sampled:
             losses = sampled_softmax_loss(hidden, targets, softmax.weight, softmax.bias, self.num_sampled)
         else:
             losses = full_softmax_loss(hidden, targets, softmax.weight, softmax.bias)
-        n_forward = int(forward_mask.sum())
+        n_forward = len(forward_index)  # a shape: known on the host
         forward_losses, backward_losses = losses[:n_forward], losses[n_forward:]
         loss = lm_loss(forward_losses, backward_losses)
         forward_sum, backward_sum = forward_losses.sum(), backward_losses.sum()
@@ -202,5 +208,5 @@ class BidirectionalLMLoss(nn.Module):
             loss=loss,
             forward_loss_sum=forward_sum.detach(),
             backward_loss_sum=backward_sum.detach(),
-            n_targets=forward_mask.sum(),
+            n_targets=torch.full((), n_forward, device=labels.device),
         )

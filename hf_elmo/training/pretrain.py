@@ -411,7 +411,7 @@ class Pretraining:
             self.optimizer.zero_grad()
         self.position = position
         self.sequences += len(batch["labels"])
-        self.tokens += int(output.n_targets)
+        self.tokens += len(batch["forward_index"])  # a shape: no wait for the device
         self.window += torch.stack([output.forward_loss_sum.double(), output.backward_loss_sum.double(),
                                     output.n_targets.double()])
         if not accelerator.sync_gradients:
