@@ -177,14 +177,23 @@ class Elmo(TrainablePipe):
     def set_annotations(self, docs: Sequence[Doc], layers: list[Floats3d]) -> None:
         """Store each Doc's layers on the host, the default mix, and (as configured) hooks and `doc.tensor`."""
         mix = self.default_mix_weights(self.model.get_dim("nL"))
-        for doc, doc_layers in zip(docs, layers):
-            array = self.model.ops.to_numpy(doc_layers).astype(self.store_dtype, copy=False)
+        for doc, array in zip(docs, self._host_arrays(layers)):
             doc._.elmo_layers = array
             doc._.elmo_mix = mix
             if self.vector_hooks:
                 restore_hooks(doc)
             if self.set_doc_tensor:
                 doc.tensor = mixed_layers(array, mix)
+
+    def _host_arrays(self, layers: list[Floats3d]) -> list[np.ndarray]:
+        """The Docs' layers as host arrays of `store_dtype`; from a GPU in one copy (cast there first), each Doc then
+        getting its own array."""
+        ops = self.model.ops
+        if ops.xp is np or not layers:
+            return [array.astype(self.store_dtype, copy=False) for array in layers]
+        starts = np.cumsum([array.shape[1] for array in layers])[:-1].tolist()
+        host = ops.to_numpy(ops.xp.concatenate(layers, axis=1).astype(self.store_dtype, copy=False))
+        return [array.copy() for array in np.split(host, starts, axis=1)]
 
     def default_mix_weights(self, n_layers: int) -> np.ndarray:
         """The fixed weights of `token._.elmo_vector`: `default_mix`, or the uniform average."""
@@ -224,7 +233,8 @@ class Elmo(TrainablePipe):
             """Sum a listener's gradient in (all listeners but the last)."""
             for total, d in zip(d_outputs, one_d_outputs):
                 total += d
-                losses[self.name] += float((d**2).sum())
+            # the squared gradient, read once per listener (on a GPU, each read waits for the device)
+            losses[self.name] += float(sum((d**2).sum() for d in one_d_outputs))
             return []
 
         def backprop(one_d_outputs: list[Floats3d]) -> list:

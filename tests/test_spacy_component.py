@@ -312,3 +312,41 @@ if pid == 0:
 print("threads kept" if os.waitpid(pid, 0)[1] == 0 else "threads changed")
 """
     assert run_python(script).strip() == "threads kept"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_component_and_its_listeners_give_the_cpu_layers(elmo_dir, tmp_path):
+    """`spacy.require_gpu()`: the layers stored on the Docs (one copy to the host per batch, float16 cast on the
+    device) and what a listener reads back from them (one copy to the device) are the CPU's, whitespace and all;
+    nothing warns."""
+    script = """
+import sys, warnings
+import numpy as np, spacy
+sys.path.insert(0, "tests")
+from spacy_fixtures import elmo_pipeline
+from spacy_elmo.layers.listener import ElmoListener
+texts = ["The  bank raised rates. We sat\\n\\non the bank.", "Hi", "", "A much longer sentence of words here ."] * 8
+warnings.simplefilter("error")
+arrays = {}
+for device in ("cpu", "gpu"):
+    if device == "gpu":
+        spacy.require_gpu(0)
+    for store in ("float32", "float16"):
+        nlp = elmo_pipeline(sys.argv[1], sentencizer=True, store_dtype=store)
+        docs = list(nlp.pipe(texts, batch_size=16))
+        for i, doc in enumerate(docs):
+            assert type(doc._.elmo_layers) is np.ndarray and doc._.elmo_layers.dtype == store
+            arrays[f"{device}-{store}-{i}"] = doc._.elmo_layers
+        listener = ElmoListener("elmo", nlp.get_pipe("elmo").model.get_dim("nO"),
+                                nlp.get_pipe("elmo").model.get_dim("nL"))
+        for i, layers in enumerate(listener.predict(docs)):
+            arrays[f"{device}-{store}-listener-{i}"] = listener.ops.to_numpy(layers)
+np.savez(sys.argv[2], **arrays)
+"""
+    run_python(script, elmo_dir, tmp_path / "layers.npz")
+    arrays = np.load(tmp_path / "layers.npz")
+    for key in [k for k in arrays.files if k.startswith("cpu-")]:
+        cpu, gpu = arrays[key].astype("f"), arrays["gpu-" + key[4:]].astype("f")
+        tolerance = 1e-5 if "float32" in key else 2e-3
+        assert cpu.shape == gpu.shape and np.abs(cpu - gpu).max() <= tolerance * max(1.0, np.abs(cpu).max()), key

@@ -446,6 +446,10 @@ def test_elmo_torch_strip_boundaries_and_to_docs_are_the_model_on_each_row_and_b
     assert [o.shape for o in outputs] == [(N_LAYERS, 3, WIDTH), (N_LAYERS, 1, WIDTH)]
     np.testing.assert_array_equal(outputs[0][:, [0, 2]], layers[:, 0, 1:3])
     assert not outputs[0][:, 1].any()  # a token the sentence left out (whitespace) keeps a zero row
+    assert docs_layer(SentenceBatches([], []), is_train=False)[0] == []
+    empty, _ = docs_layer(SentenceBatches([0, 1], [[Sentence(1, np.array([0]), ["Hi"])]], [layers[:, 1:, 1:2]]), False)
+    assert [o.shape for o in empty] == [(N_LAYERS, 0, WIDTH), (N_LAYERS, 1, WIDTH)]
+    np.testing.assert_array_equal(empty[1][:, 0], layers[:, 1, 1])
     d_outputs = [np.ones_like(o) for o in outputs]
     d_rows = strip_backprop(docs_backprop(d_outputs))
     [d_layers] = d_rows.layers

@@ -142,13 +142,6 @@ class Sentence:
     tokens: np.ndarray
     words: list[str]
 
-    def index(self, ops: Any) -> slice | Any:
-        """The row's positions in its Doc's arrays: a slice, or indices on `ops`' device when whitespace tokens were
-        left out."""
-        first, last = int(self.tokens[0]), int(self.tokens[-1])
-        if last - first + 1 == len(self.tokens):
-            return slice(first, last + 1)
-        return ops.asarray_i(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -220,7 +213,8 @@ def batch_to_torch(model: Model, sentences: list[Sentence], is_train: bool) -> t
     """The `ElmoBatch` of the sentences' words, on the biLM's device, as the model's keyword arguments."""
     elmo = bilm_weights(model)
     tokenizer = char_tokenizer(elmo.config.max_characters_per_token)
-    batch = tokenizer.batch([sentence.words for sentence in sentences]).to(model.shims[0].device)
+    # made on the host; the copy to a GPU does not wait for the device to finish what it is doing
+    batch = tokenizer.batch([sentence.words for sentence in sentences]).to(model.shims[0].device, non_blocking=True)
     return ArgsKwargs(args=(), kwargs=dict(batch)), _no_gradient
 
 
@@ -281,21 +275,34 @@ def to_docs() -> Model[SentenceBatches, list[Floats3d]]:
 def to_docs_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tuple[list[Floats3d], Callable]:
     ops = model.ops
     n_layers, width = model.get_dim("nL"), model.get_dim("nO")
-    outputs = [ops.alloc3f(n_layers, n_tokens, width) for n_tokens in rows.doc_lengths]
-    for batch, layers in zip(rows.batches, rows.layers):
-        for row, sentence in enumerate(batch):
-            outputs[sentence.doc][:, sentence.index(ops)] = layers[:, row, : len(sentence.words)]
+    doc_starts = np.cumsum([0, *rows.doc_lengths])
+    places = [_token_places(batch, doc_starts, ops) for batch in rows.batches]
+    # One array of every Doc's tokens, filled by one gather per batch (a GPU gets a few kernels, never one per row).
+    tokens = ops.alloc3f(n_layers, int(doc_starts[-1]), width)
+    for (row, position, token), layers in zip(places, rows.layers):
+        tokens[:, token] = layers[:, row, position]
 
     def backprop(d_outputs: list[Floats3d]) -> SentenceBatches:
+        d_tokens = ops.xp.concatenate(d_outputs, axis=1) if d_outputs else tokens
         d_layers = []
-        for batch, layers in zip(rows.batches, rows.layers):
+        for (row, position, token), layers in zip(places, rows.layers):
             d_batch = ops.alloc(layers.shape, dtype="f")
-            for row, sentence in enumerate(batch):
-                d_batch[:, row, : len(sentence.words)] = d_outputs[sentence.doc][:, sentence.index(ops)]
+            d_batch[:, row, position] = d_tokens[:, token]
             d_layers.append(d_batch)
         return replace(rows, layers=d_layers)
 
+    outputs = ops.xp.split(tokens, doc_starts[1:-1].tolist(), axis=1) if rows.doc_lengths else []
     return outputs, backprop
+
+
+def _token_places(batch: list[Sentence], doc_starts: np.ndarray, ops: Any) -> tuple[Any, Any, Any]:
+    """Where each word of a batch is: its row and position in the batch's layers, and its token's place in the
+    concatenation of the Docs (index arrays on `ops`' device, made on the host)."""
+    lengths = [len(sentence.words) for sentence in batch]
+    row = np.repeat(np.arange(len(batch), dtype="int32"), lengths)
+    position = np.concatenate([np.arange(n, dtype="int32") for n in lengths])
+    token = np.concatenate([s.tokens + doc_starts[s.doc] for s in batch]).astype("int32")
+    return ops.asarray_i(row), ops.asarray_i(position), ops.asarray_i(token)
 
 
 def _no_gradient(d_outputs: Any) -> list:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from spacy.tokens import Doc
 from thinc.api import Model
 from thinc.types import Floats3d
@@ -72,11 +73,16 @@ def listener_forward(model: ElmoListener, docs: Sequence[Doc], is_train: bool) -
             return upstream_backprop([d * grad_factor for d in d_layers])
 
         return model._outputs, backprop
-    # Prediction (components may batch differently, so read the Doc), or training with an annotating `elmo`.
-    return [_doc_layers(model, doc, required=is_train) for doc in docs], empty_backprop
+    # Prediction (components may batch differently, so read the Doc), or training with an annotating `elmo`: the
+    # Docs' host arrays cross to the device in one copy.
+    layers = [_doc_layers(model, doc, required=is_train) for doc in docs]
+    if not layers or model.ops.xp is np:
+        return [model.ops.asarray3f(doc_layers) for doc_layers in layers], empty_backprop
+    starts = np.cumsum([doc_layers.shape[1] for doc_layers in layers])[:-1].tolist()
+    return model.ops.xp.split(model.ops.asarray3f(np.concatenate(layers, axis=1)), starts, axis=1), empty_backprop
 
 
-def _doc_layers(model: ElmoListener, doc: Doc, required: bool) -> Floats3d:
+def _doc_layers(model: ElmoListener, doc: Doc, required: bool) -> np.ndarray:
     n_layers, width = model.get_dim("nL"), model.get_dim("nO")
     layers = doc._.elmo_layers
     if layers is None:
@@ -87,14 +93,14 @@ def _doc_layers(model: ElmoListener, doc: Doc, required: bool) -> Floats3d:
                 "annotating_components (set `freeze = true` on the component instead)."
             )
         # Not annotated (e.g. while initializing): zeros of the right shape keep the output valid.
-        return model.ops.alloc3f(n_layers, len(doc), width)
+        return np.zeros((n_layers, len(doc), width), dtype="float32")
     if tuple(layers.shape) != (n_layers, len(doc), width):
         raise ValueError(
             f"doc._.elmo_layers has shape {tuple(layers.shape)} but this ELMo listener expects "
             f"({n_layers}, {len(doc)}, {width}): set the listener's width to 2 * projection_dim and its mix's "
             "n_layers to n_layers + 1 of the biLM."
         )
-    return model.ops.asarray3f(layers)
+    return layers
 
 
 def empty_backprop(d_layers: Any) -> list:
