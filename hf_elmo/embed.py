@@ -263,7 +263,7 @@ class ElmoEmbedder:
     def _layers(self, sentences: Sequence[Sequence[str]]) -> tuple[tuple[torch.Tensor, ...], ElmoBatch]:
         """One forward pass: the biLM layers, each (batch, positions, width) with the `<S>`/`</S>` rows, and the
         batch they were computed from, on the model's device."""
-        batch = self.tokenizer.batch([list(words) for words in sentences]).to(self.device)
+        batch = self.tokenizer.batch([list(words) for words in sentences]).to(self.device, non_blocking=True)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             layers = self.model(**batch, inference_cache=self.inference_cache).hidden_states
         return tuple(layer.float() for layer in layers), batch

@@ -54,6 +54,7 @@ from hf_elmo.training.growth import widen_lstm_cells
 from hf_elmo.training.losses import log_uniform_probability
 
 TOY = FIXTURES / "bilm-tf" / "train"
+REPO = Path(__file__).resolve().parents[1]
 # The architecture of bilm-tf's training test (tests/test_training.py), with its 10-character words.
 TOY_MODEL = json.dumps({
     "char_embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "activation": "tanh",
@@ -820,3 +821,11 @@ def test_a_gpu_pretraining_step_waits_for_nothing(dtype):
             assert [str(w.message) for w in caught] == []
         sums.append(output.forward_loss_sum)
     assert all(torch.isfinite(torch.stack(sums)))
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "training").glob("*.yaml")))
+def test_every_shipped_recipe_parses_and_sizes_gpu_runs_for_gpus(recipe):
+    args = parse_arguments([str(REPO / "training" / recipe)])
+    assert args.train_files and args.output_dir and args.batch_tokens > 0
+    if "gpu" in recipe or "small" in recipe:  # the GPU recipes: bf16, loader workers, batches a GPU fills
+        assert args.mixed_precision == "bf16" and args.num_workers >= 2 and args.batch_tokens >= 1024
