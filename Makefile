@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast bench
+.PHONY: venv demo test test-fast bench gpu-check
 
 venv: $(INSTALLED)
 
@@ -32,3 +32,8 @@ test-fast: venv
 
 bench: venv
 	$(BIN)/python benchmarks/bench_inference.py
+
+# Every GPU path checked and measured in at most 8 minutes (without CUDA: the same phases on the CPU at toy sizes);
+# the report goes to $OUT or gpu_check/ (benchmarks/README.md).
+gpu-check: venv
+	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from spacy.attrs import ORTH, SENT_START
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
 from spacy.tokens import Doc
@@ -287,6 +288,9 @@ class Elmo(TrainablePipe):
                     )
 
 
+CACHE_KEY_ATTRS = [ORTH, SENT_START]
+
+
 class FrozenLayersCache:
     """The layers of the Docs a frozen biLM has read in training, by the Doc's words and sentence starts, up to
     `max_bytes`; training-time state, never saved or pickled with the component."""
@@ -300,7 +304,7 @@ class FrozenLayersCache:
         """Per Doc its layers: cached, else from `predict` (one call for all the missing Docs)."""
         if not self.max_bytes:
             return predict(list(docs))
-        keys = [tuple((token.text, token.is_sent_start) for token in doc) for doc in docs]
+        keys = [doc.to_array(CACHE_KEY_ATTRS).tobytes() for doc in docs]  # the words and sentence starts
         missing = [i for i, key in enumerate(keys) if key not in self._layers]
         computed = dict(zip(missing, predict([docs[i] for i in missing]) if missing else []))
         for i, layers in computed.items():

@@ -68,3 +68,33 @@ def test_bench_data_prints_the_tokens_per_second_of_each_worker_count():
     figures = json.loads(output.strip().splitlines()[-1])
     assert [r["workers"] for r in figures["results"]] == [0, 1]
     assert all(r["tokens_per_second"] > 0 and r["per_worker"] == r["tokens_per_second"] for r in figures["results"])
+
+
+def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_path):
+    """`benchmarks/gpu_check.py` without CUDA: the same jobs at toy sizes, each in its own process, all ok, with the
+    figures the GPU report gives."""
+    output = run_python(REPO / "benchmarks" / "gpu_check.py", "--device", "cpu", "--out", tmp_path, timeout=600)
+    assert "all jobs ok" in output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    jobs = {result["job"]: result for results in report["phases"].values() for result in results}
+    assert list(report["phases"]) == ["tests", "parity", "inference", "spacy", "pretrain"]
+    assert all(result["status"] == "ok" for result in jobs.values())
+    assert jobs["tests"]["failures"] == jobs["tests"]["errors"] == 0 and jobs["tests"]["skipped"] >= 8
+    parity = jobs["parity"]
+    assert max(parity["float32"]["max_abs_per_layer"]) == 0.0  # the CPU against itself
+    assert 0 < max(parity["bf16"]["max_abs_per_layer"]) < 0.2 and parity["bf16"]["min_row_cosine"] > 0.999
+    rates = jobs["inference"]["words_per_second"]
+    assert set(rates) == {"float32, batch 1", "float32, batch 8", "bf16, batch 1", "bf16, batch 8"}
+    assert all(rate > 0 for rate in rates.values()) and set(jobs["inference"]["latency_ms_24_words"]) == {
+        "float32", "bf16"}
+    for name in ("ner-elmo", "ner-elmo-mixed", "ner-none", "textcat-elmo", "textcat-none"):
+        run = jobs[f"spacy/{name}"]
+        assert run["steps"] == 4 and run["steps_per_second"] > 0 and run["warnings_in_steps"] == 0
+        assert run["pipeline_words_per_second_dev"] > 0 and any(key.startswith("dev_") for key in run)
+    for recipe in ("english_default_gpu", "english_small"):
+        run = jobs[f"pretrain/{recipe}"]
+        assert run["resume_ok"] and run["steps_after_resume"] == [6] and run["tokens_per_second"] > 0
+        assert run["warnings_total"] == 0
+    summary = (tmp_path / "gpu_check.md").read_text()
+    assert "| spacy/ner-elmo | ok |" in summary and "resume ok" in summary

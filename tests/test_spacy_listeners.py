@@ -220,6 +220,9 @@ def test_the_frozen_layers_cache_changes_no_number_and_stays_bounded(elmo_dir, e
     assert cache.bytes <= cache.max_bytes  # "f g h i" did not fit: computed, not kept
     assert [len(x[0]) for x in cache.layers(docs, layers)] == [3, 2, 3, 4]
     assert pickle.loads(pickle.dumps(cache)).bytes == 0
+    split = spacy.blank("en")("a b c")
+    split[1].is_sent_start = True  # the same words as sentences of their own: other layers
+    assert cache.layers([split], lambda batch: [np.zeros((3, 3, 4), "float32")])[0].max() == 0
 
 
 def test_losses_fall_and_each_task_learns_its_own_mix(trained):

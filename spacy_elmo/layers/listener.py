@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from spacy.attrs import ORTH
 from spacy.tokens import Doc
 from thinc.api import Model
 from thinc.types import Floats3d
@@ -35,8 +36,10 @@ class ElmoListener(Model):
 
     @classmethod
     def get_batch_id(cls, inputs: Iterable[Doc]) -> int:
-        """A content hash of a batch, to check the listener is fed the batch it was sent."""
-        return sum(sum(token.orth for token in doc) for doc in inputs)
+        """A content hash of a batch (its words' ids summed, modulo 2**64), to check the listener is fed the batch it
+        was sent."""
+        sums = [doc.to_array(ORTH).sum(dtype=np.uint64) for doc in inputs]
+        return int(np.sum(sums, dtype=np.uint64))  # an array's sum wraps silently (a scalar's would warn)
 
     def receive(self, batch_id: int, outputs: list[Floats3d], backprop: Callable) -> None:
         """Store the upstream component's outputs for a training batch and its backprop callback."""
