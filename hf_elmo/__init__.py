@@ -11,7 +11,15 @@ from transformers import (
 
 from .configuration_elmo import PRESETS, ElmoConfig
 from .kernels import ElmoInferenceCache, ElmoKernelOptions
-from .loading import DEFAULT_MODEL, DEFAULT_MODEL_NAME, ModelLoadError, load_model, load_tokenizer, model_location
+from .loading import (
+    DEFAULT_MODEL,
+    DEFAULT_MODEL_NAME,
+    MODEL_NAMES,
+    ModelLoadError,
+    load_model,
+    load_tokenizer,
+    model_location,
+)
 from .modeling_elmo import (
     ElmoBidirectionalLMOutput,
     ElmoForBidirectionalLM,
@@ -26,6 +34,7 @@ from .modeling_elmo import (
     ElmoWithScalarMixes,
     remove_sentence_boundaries,
 )
+from .published import PUBLISHED_MODELS, published_model
 from .text import split_words
 from .tokenization_elmo import ElmoCharTokenizer
 
@@ -41,7 +50,9 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_MODEL_NAME",
+    "MODEL_NAMES",
     "PRESETS",
+    "PUBLISHED_MODELS",
     "ElmoBidirectionalLMOutput",
     "ElmoCharTokenizer",
     "ElmoConfig",
@@ -61,6 +72,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "model_location",
+    "published_model",
     "remove_sentence_boundaries",
     "split_words",
 ]

@@ -45,7 +45,9 @@ app = typer.Typer(
 )
 
 
-MODEL_HELP = "A save_pretrained directory, a Hub model id, or `default` (the English model shipped with the package)."
+MODEL_HELP = ("`default` (the English model shipped with the package), a published ELMo model (`original`, "
+              "`original-5.5b`, `medium`, `small`, `pubmed`: downloaded and converted on first use), a save_pretrained "
+              "directory or a Hub model id.")
 
 
 class LayerMode(str, Enum):
@@ -172,14 +174,27 @@ def convert(
     options_json: Annotated[Path, typer.Argument(help="The original options.json.")],
     weights_hdf5: Annotated[Path, typer.Argument(help="The original weights .hdf5.")],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the save_pretrained directory.")],
+    push_to_hub: Annotated[str | None, typer.Option(
+        "--push-to-hub", metavar="ORG/NAME", help="Also upload the directory to this Hub repo (created if needed; "
+        "log in first with `hf auth login` or set HF_TOKEN), with the modeling code: others load it with "
+        "AutoModel.from_pretrained(ORG/NAME, trust_remote_code=True).")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Make a new Hub repo private.")] = False,
 ) -> None:
     """Convert original ELMo weights (bilm-tf / AllenNLP options.json + .hdf5) into a save_pretrained directory
-    (config, model.safetensors, tokenizer, model card). Prints the directory."""
+    (config, model.safetensors, tokenizer, modeling code, model card). Prints the directory, and the commit's URL
+    with --push-to-hub."""
     try:
-        output = legacy.convert(options_json, weights_hdf5, out_dir, progress=True)
+        output = legacy.convert(options_json, weights_hdf5, out_dir, progress=True, repo_id=push_to_hub)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     typer.echo(output)
+    if push_to_hub:
+        try:
+            commit = hub.push_directory(output, push_to_hub, private=private or None,
+                                        commit_message=f"Upload ELMo biLM converted from {weights_hdf5.name}")
+        except (OSError, ValueError) as error:  # the Hub's errors (HfHubHTTPError is an OSError), one line
+            _fail(f"{output} was written but not uploaded to {push_to_hub}: " + " ".join(str(error).split())[:300])
+        typer.echo(commit.commit_url)
 
 
 @app.command("export-hdf5")

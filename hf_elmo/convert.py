@@ -237,9 +237,10 @@ def convert(
     output_dir: str | Path,
     source: str | None = None,
     progress: bool = False,
+    repo_id: str | None = None,
 ) -> Path:
-    """Write a `save_pretrained` directory (config, model.safetensors, tokenizer, model card); `progress` as in
-    `load_legacy`."""
+    """Write a `save_pretrained` directory (config, model.safetensors, tokenizer, model card whose snippets load
+    `repo_id`, the Hub repo it will be pushed to, if given); `progress` as in `load_legacy`."""
     from .hub import write_model_card
 
     model = load_legacy(options_file, weights_file, progress)
@@ -247,7 +248,8 @@ def convert(
     model.save_pretrained(output_dir)
     ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token).save_pretrained(output_dir)
     names = f"`{Path(options_file).name}` + `{Path(weights_file).name}`"
-    write_model_card(output_dir, model, source=source or f"Converted from the original weights {names}.")
+    write_model_card(output_dir, model, source=source or f"Converted from the original weights {names}.",
+                     **({"repo_id": repo_id} if repo_id else {}))
     return output_dir
 
 

@@ -29,8 +29,9 @@ from tqdm import tqdm
 
 from .convert import require_h5py
 from .kernels import ElmoInferenceCache
-from .loading import DEFAULT_MODEL_NAME, load_model, load_tokenizer
+from .loading import DEFAULT_MODEL_NAME, ModelLoadError, load_model, load_tokenizer
 from .modeling_elmo import ElmoModel, ElmoScalarMix
+from .published import PUBLISHED_MODELS, published_name
 from .text import ElmoBatch, length_batches, read_lines, split_into_words, windows
 from .tokenization_elmo import ElmoCharTokenizer
 
@@ -211,8 +212,10 @@ class ElmoEmbedder:
     ):
         if isinstance(model, (str, os.PathLike)) and str(model).endswith(".json") and isinstance(
             tokenizer, (str, os.PathLike)
-        ):  # AllenNLP's positional ElmoEmbedder(options_file, weight_file)
+        ):  # AllenNLP's positional ElmoEmbedder(options_file, weight_file[, cuda_device])
             model, tokenizer, options_file, weight_file = DEFAULT_MODEL_NAME, None, model, tokenizer
+            if isinstance(layers, int) and not isinstance(layers, bool):
+                layers, cuda_device = "all", layers
         if settings is None:
             settings = EmbedSettings(
                 layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
@@ -364,6 +367,12 @@ def _load_model(
             raise ValueError("options_file and weight_file go together (the original ELMo weights)")
         if not (isinstance(model, str) and model == DEFAULT_MODEL_NAME):
             raise ValueError("give either a model or options_file and weight_file, not both")
+        published = published_name(options_file, weight_file)
+        if published is not None:  # AllenNLP's URLs of a published model: its converted copy in the cache
+            return load_model(published), tokenizer or load_tokenizer(published)
+        if any(str(path).startswith(("http://", "https://")) for path in (options_file, weight_file)):
+            raise ModelLoadError(f"{options_file} and {weight_file} are not a published model's URLs "
+                                 f"({', '.join(PUBLISHED_MODELS)}): download them and give the files")
         from .convert import load_legacy
 
         return load_legacy(options_file, weight_file), tokenizer

@@ -4,6 +4,8 @@ weights loaders all name a model the same way, load it through `load_model`, and
 
 A model name is one of:
 - `"default"`: the English biLM shipped inside the package (`DEFAULT_MODEL`), offline;
+- a published ELMo model (`PUBLISHED_MODELS`: `original`, `original-5.5b`, `medium`, `small`, `pubmed`):
+  downloaded from AllenNLP's URLs and converted on first use, then read from the Hugging Face cache (also offline);
 - a `save_pretrained` directory (written by `elmo convert`, `elmo pretrain` or `save_pretrained`);
 - a Hugging Face Hub id `org/name`: downloaded once, then read from the Hugging Face cache (also offline).
 
@@ -30,12 +32,13 @@ from transformers.utils import logging as transformers_logging
 
 from .configuration_elmo import ElmoConfig
 from .modeling_elmo import ElmoModel
+from .published import PUBLISHED_MODELS, PublishedModelError, published_model
 from .tokenization_elmo import ElmoCharTokenizer
 
 # The English biLM shipped inside the package (see its README.md), a save_pretrained directory, and its name.
 DEFAULT_MODEL = str(Path(__file__).parent / "default_model")
 DEFAULT_MODEL_NAME = "default"
-MODEL_NAMES = (DEFAULT_MODEL_NAME,)
+MODEL_NAMES = (DEFAULT_MODEL_NAME, *PUBLISHED_MODELS)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # The text files of a model directory, read as UTF-8 (JSON for .json) before transformers reads them.
 TEXT_FILES = ("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt")
@@ -49,10 +52,19 @@ class ModelLoadError(ValueError):
     """A model name, directory or file that gives no biLM; the message is one line saying what to do."""
 
 
-def model_location(name: str | os.PathLike) -> str:
-    """What `from_pretrained` loads for a model name: `DEFAULT_MODEL` for `"default"`, else `name` unchanged (a
-    directory or Hub id; `resolve_model` also checks it)."""
-    return DEFAULT_MODEL if str(name) == DEFAULT_MODEL_NAME else str(name)
+def model_location(name: str | os.PathLike, progress: bool = True) -> str:
+    """What `from_pretrained` loads for a model name: `DEFAULT_MODEL` for `"default"`, the converted directory of a
+    published model (downloaded and converted on first use; `progress`: bars on stderr), else `name` unchanged (a
+    directory or Hub id; `resolve_model` also checks it). E.g. `AutoModel.from_pretrained(model_location("original"))`.
+    """
+    if str(name) == DEFAULT_MODEL_NAME:
+        return DEFAULT_MODEL
+    if str(name) in PUBLISHED_MODELS:
+        try:
+            return published_model(str(name), progress)
+        except PublishedModelError as error:
+            raise ModelLoadError(str(error)) from None
+    return str(name)
 
 
 def resolve_model(name: str | os.PathLike, revision: str | None = None, weights: bool = True) -> str:
@@ -61,7 +73,8 @@ def resolve_model(name: str | os.PathLike, revision: str | None = None, weights:
     when the Hub is offline."""
     if not str(name).strip():
         raise ModelLoadError("no model given: name `default` (the English model shipped with the package), a "
-                             "save_pretrained directory or a Hub id (org/name)")
+                             f"published model ({', '.join(PUBLISHED_MODELS)}), a save_pretrained directory or a "
+                             "Hub id (org/name)")
     location = Path(model_location(name)).expanduser()
     if location.is_dir():
         check_model_directory(location, weights)
@@ -194,6 +207,7 @@ def load_tokenizer(name: str | os.PathLike, revision: str | None = None) -> Elmo
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_MODEL_NAME",
+    "MODEL_NAMES",
     "ModelLoadError",
     "check_model_directory",
     "load_config",

@@ -1,7 +1,8 @@
 """Command line: `python -m spacy_elmo init-config|convert-conll2003|convert-sst5|convert-sst2|mix-weights`, and
 `spacy init elmo-config` (registered through the `spacy_cli` entry point).
 
-    python -m spacy_elmo init-config ner config.cfg                 # the default English biLM; or --model DIR_OR_HUB_ID
+    python -m spacy_elmo init-config ner config.cfg                 # the default English biLM
+    python -m spacy_elmo init-config ner config.cfg --model original  # the published biLM, or a directory or Hub id
     python -m spacy_elmo convert-conll2003 ../shared/data/conll2003/iob2/train.txt corpus/train.spacy
     python -m spacy train config.cfg --output out --paths.train corpus/train.spacy --paths.dev corpus/dev.spacy
 """
@@ -40,7 +41,9 @@ app = typer.Typer(
 Task = Annotated[str, typer.Argument(help="ner or textcat")]
 ConfigOutput = Annotated[Path, typer.Argument(help="config file to write", dir_okay=False)]
 ModelOption = Annotated[
-    str | None, typer.Option("--model", "-m", help="converted biLM (directory or Hub id) to train with")
+    str | None,
+    typer.Option("--model", "-m", help="the biLM to train with: default (shipped), a published model (original, "
+                 "original-5.5b, medium, small, pubmed: downloaded once), a save_pretrained directory or a Hub id"),
 ]
 EncoderOption = Annotated[
     str | None,
@@ -64,9 +67,9 @@ def base_config_path(task: str) -> Path:
 
 
 def make_config(task: str, model: str | None = None, elmo: str | None = None, encoder: str | None = None) -> Config:
-    """The shipped config of `task` (for the `"default"` biLM); with `model` (a biLM directory or Hub id), its path
-    and the layer width and count of that biLM (read from its config.json only; a mix's `initial_scalars` spread
-    evenly from their first to their last value over that count); with `elmo`, ELMo where it says (see
+    """The shipped config of `task` (for the `"default"` biLM); with `model` (a model name, see `hf_elmo.loading`),
+    its name and the layer width and count of that biLM (read from its config.json only; a mix's `initial_scalars`
+    spread evenly from their first to their last value over that count); with `elmo`, ELMo where it says (see
     `ELMO_PLACEMENTS`); with `encoder`, that task encoder (see `ENCODERS`)."""
     config = Config().from_disk(base_config_path(task), interpolate=False)
     if encoder is not None:

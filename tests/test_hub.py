@@ -372,3 +372,25 @@ def test_fresh_process_outputs_equal_those_of_the_pushed_objects(fresh_process_l
     assert_same_outputs(fresh_process_loads[mode][LM_REPO], expected_outputs(lm_tokenizer, lm.elmo, lm))
     model, tokenizer = converted
     assert_same_outputs(fresh_process_loads[mode][CONVERTED_REPO], expected_outputs(tokenizer, model))
+
+
+def test_elmo_convert_push_to_hub_publishes_a_model_others_load_by_its_id(fake_hub, converted, tmp_path):
+    from typer.testing import CliRunner
+
+    from hf_elmo.cli import app
+
+    repo = "org/elmo-converted-by-cli"
+    options, weights = require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5")
+    result = CliRunner().invoke(app, ["convert", str(options), str(weights), str(tmp_path / "out"),
+                                      "--push-to-hub", repo])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1].startswith(f"{fake_hub.url}/{repo}/commit/")
+    assert REPO_FILES <= set(list_repo_files(repo))
+    card = ModelCard.load(repo)
+    assert f'AutoModel.from_pretrained("{repo}", trust_remote_code=True)' in card.text
+    loaded = AutoModel.from_pretrained(repo, trust_remote_code=True).eval()
+    torch.testing.assert_close(loaded.state_dict(), converted[0].state_dict(), rtol=0, atol=0)
+    failed = CliRunner().invoke(app, ["convert", str(options), str(weights), str(tmp_path / "again"),
+                                      "--push-to-hub", "not a repo id"])
+    assert failed.exit_code == 1 and "was written but not uploaded to not a repo id" in failed.output
+    assert "Traceback" not in failed.output

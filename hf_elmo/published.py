@@ -1,0 +1,193 @@
+"""The published ELMo biLMs by name: AllenNLP's `options.json` + `weights.hdf5` pairs, downloaded on first use,
+converted once, then read offline from the Hugging Face cache.
+
+`published_model("original")` (and every entry point that takes a model name: `elmo embed original ...`,
+`ElmoEmbedder("original")`, `load_model("original")`, the spaCy config's `elmo_model = "original"`) gives the
+converted `save_pretrained` directory `<HF_HUB_CACHE>/elmo-published/<name>/converted`. On first use the two files
+are downloaded with a progress bar into `<name>/download/` (resumed from a partial `.incomplete` file; the size is
+checked against the server's, and the SHA-256 where this table knows it), converted, and the weights file removed
+(the converted directory holds the same numbers). Processes share the cache under a file lock. Offline
+(`HF_HUB_OFFLINE=1`) a converted model is used as is; one that is not there yet is a one-line `ModelLoadError` naming
+the URLs and `elmo convert`. `ELMO_PUBLISHED_ENDPOINT` replaces AllenNLP's base URL (a mirror).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from filelock import FileLock
+from huggingface_hub import constants
+from huggingface_hub.constants import is_offline_mode
+from huggingface_hub.file_download import http_get
+from huggingface_hub.utils import hf_raise_for_status, http_backoff
+from tqdm.auto import tqdm
+
+ENDPOINT = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
+
+
+class PublishedModelError(ValueError):
+    """A published model that cannot be downloaded or converted; the message is one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class PublishedModel:
+    """One published biLM: its files under the endpoint and what it is."""
+
+    name: str
+    options_path: str
+    weights_path: str
+    description: str
+    weights_sha256: str | None = None  # checked when known
+
+    def url(self, path: str) -> str:
+        return f"{os.environ.get('ELMO_PUBLISHED_ENDPOINT', ENDPOINT).rstrip('/')}/{path}"
+
+
+def _allennlp(name: str, architecture: str, description: str) -> PublishedModel:
+    prefix = f"{architecture}/elmo_{architecture}"
+    return PublishedModel(name, f"{prefix}_options.json", f"{prefix}_weights.hdf5", description)
+
+
+PUBLISHED_MODELS = {model.name: model for model in (
+    _allennlp("original", "2x4096_512_2048cnn_2xhighway",
+              "the paper's English biLM (93.6 M parameters, 1 Billion Word Benchmark; output width 1024)"),
+    _allennlp("original-5.5b", "2x4096_512_2048cnn_2xhighway_5.5B",
+              "the original architecture trained on 5.5 B tokens (Wikipedia and news crawl); output width 1024"),
+    _allennlp("medium", "2x2048_256_2048cnn_1xhighway", "English, 28.0 M parameters; output width 512"),
+    _allennlp("small", "2x1024_128_2048cnn_1xhighway", "English, 13.6 M parameters; output width 256"),
+    PublishedModel("pubmed", "contributed/pubmed/elmo_2x4096_512_2048cnn_2xhighway_options.json",
+                   "contributed/pubmed/elmo_2x4096_512_2048cnn_2xhighway_weights_PubMed_only.hdf5",
+                   "the original architecture trained on PubMed abstracts (contributed to AllenNLP); width 1024"),
+)}
+
+
+def cache_directory(name: str) -> Path:
+    """Where the published model `name` is kept: `<HF_HUB_CACHE>/elmo-published/<name>`."""
+    return Path(constants.HF_HUB_CACHE) / "elmo-published" / name
+
+
+def published_name(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> str | None:
+    """The published model whose URLs (AllenNLP's, e.g. `allennlp.modules.elmo`'s defaults) are `options_file` and
+    `weight_file`, or None."""
+    for model in PUBLISHED_MODELS.values():
+        if (str(options_file), str(weight_file)) in (
+            (model.url(model.options_path), model.url(model.weights_path)),
+            (f"{ENDPOINT}/{model.options_path}", f"{ENDPOINT}/{model.weights_path}"),
+        ):
+            return model.name
+    return None
+
+
+def published_model(name: str, progress: bool = True) -> str:
+    """The converted `save_pretrained` directory of the published model `name`: downloaded and converted on first
+    use (`progress`: bars on stderr), then read from the cache (also offline)."""
+    model = PUBLISHED_MODELS[name]
+    directory = cache_directory(name)
+    converted = directory / "converted"
+    if (converted / "model.safetensors").is_file():
+        return str(converted)
+    urls = f"{model.url(model.options_path)} and {model.url(model.weights_path)}"
+    by_hand = f"or download {urls} by hand and run `elmo convert OPTIONS WEIGHTS DIR`"
+    if is_offline_mode():
+        raise PublishedModelError(f"the published model {name!r} is not in the cache ({converted}) and the Hub is "
+                                  f"offline (HF_HUB_OFFLINE=1): use it once online, {by_hand}")
+    from .convert import require_h5py
+
+    try:
+        require_h5py(f"the published model {name!r} is converted from its .hdf5 weights, which")
+    except ImportError as error:
+        raise PublishedModelError(str(error)) from None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(directory / ".lock")):
+            if (converted / "model.safetensors").is_file():  # another process converted it meanwhile
+                return str(converted)
+            download = directory / "download"
+            if progress:
+                tqdm.write(f"The published ELMo model {name!r} is downloaded and converted once, into {directory}",
+                           file=sys.stderr)
+            options = _download(model.url(model.options_path), download / "options.json", f"{name} options.json",
+                                None, progress, by_hand)
+            weights = _download(model.url(model.weights_path), download / "weights.hdf5", f"{name} weights.hdf5",
+                                model.weights_sha256, progress, by_hand)
+            _convert(name, model, options, weights, converted, progress)
+            weights.unlink()  # the converted directory holds the same numbers
+    except OSError as error:  # the cache directory itself: permissions, a full disk
+        raise PublishedModelError(f"cannot write the published model {name!r} into {directory}: "
+                                  f"{error.strerror or error} (HF_HUB_CACHE sets where the cache is)") from None
+    return str(converted)
+
+
+def _download(url: str, path: Path, label: str, sha256: str | None, progress: bool, by_hand: str) -> Path:
+    """`url` at `path` (kept once complete), resumed from `path.incomplete`; the size must be the server's and the
+    SHA-256 `sha256` when given; `label` names the progress bar."""
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    incomplete = path.with_name(path.name + ".incomplete")
+    try:
+        size = _remote_size(url)
+        if incomplete.is_file() and size is not None and incomplete.stat().st_size > size:
+            incomplete.unlink()  # not a prefix of this file
+        with incomplete.open("ab") as out:
+            http_get(url, out, resume_size=out.tell(), expected_size=size, displayed_filename=label,
+                     tqdm_class=partial(tqdm, disable=not progress))
+    except Exception as error:  # the network's and the server's errors, as one line
+        message = " ".join(str(error).split())[:300] or type(error).__name__
+        if "Consistency check failed" in message:
+            incomplete.unlink(missing_ok=True)  # a wrong size: start again next time
+            raise PublishedModelError(f"{url} downloaded with another size than the server announced: the file was "
+                                      "removed; run the command again") from None
+        raise PublishedModelError(f"cannot download {url}: {message} (run the command again to resume, "
+                                  f"{by_hand})") from None
+    if sha256 is not None and _sha256(incomplete) != sha256:
+        incomplete.unlink()
+        raise PublishedModelError(f"{url} downloaded with the wrong SHA-256 (expected {sha256}): the file was "
+                                  "removed; run the command again")
+    incomplete.replace(path)
+    return path
+
+
+def _remote_size(url: str) -> int | None:
+    """The size the server gives for `url` (HEAD), None when it does not say."""
+    response = http_backoff("HEAD", url, follow_redirects=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+    hf_raise_for_status(response)
+    length = response.headers.get("Content-Length")
+    return int(length) if length is not None and response.headers.get("Content-Encoding") in (None, "identity") \
+        else None
+
+
+def _convert(name: str, model: PublishedModel, options: Path, weights: Path, converted: Path, progress: bool) -> None:
+    """`elmo convert` into a temporary directory renamed to `converted` once complete; an unreadable download is
+    removed (the next use downloads it again)."""
+    from .convert import convert
+
+    staging = converted.with_name(converted.name + ".incomplete")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        convert(options, weights, staging, source=f"The published ELMo model `{name}` ({model.description}), "
+                f"converted from AllenNLP's `{model.url(model.options_path)}` and "
+                f"`{model.url(model.weights_path)}`.", progress=progress)
+    except (OSError, ValueError) as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        options.unlink(missing_ok=True)
+        weights.unlink(missing_ok=True)
+        message = " ".join(str(error).split())[:300]
+        raise PublishedModelError(f"the download of the published model {name!r} is damaged ({message}): it was "
+                                  "removed; run the command again to download it afresh") from None
+    shutil.rmtree(converted, ignore_errors=True)  # a directory left by an older, interrupted version
+    staging.replace(converted)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

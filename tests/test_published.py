@@ -1,0 +1,234 @@
+"""The published ELMo models by name, end to end against a local HTTP server serving the AllenNLP fixture weights
+as the published `small` model: download, resume, refusal of damaged downloads, offline reuse, the same vectors as
+`elmo convert`, and every entry point (the Python API, AutoModel through `model_location`, `elmo embed`, spaCy)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from elmo_fixtures import ALLENNLP, require
+from huggingface_hub import constants
+from safetensors.torch import load_file
+from transformers import AutoModel
+
+import hf_elmo.published as published
+from hf_elmo import ModelLoadError, load_model, model_location
+from hf_elmo.convert import convert
+from hf_elmo.embed import ElmoEmbedder
+
+NAME = "small"
+MODEL = published.PUBLISHED_MODELS[NAME]
+SENTENCES = [["The", "bank", "raised", "rates", "."], ["A", "river", "bank", "."]]
+
+
+@dataclass
+class FileServer:
+    """Static files over HTTP with HEAD and `Range` (as S3 answers), recording each request as (method, path,
+    Range header); `body` replaces a file's bytes on GET (the announced size stays the file's)."""
+
+    files: dict[str, bytes]
+    body: dict[str, bytes] = field(default_factory=dict)
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:
+                self.answer(head=True)
+
+            def do_GET(self) -> None:
+                self.answer(head=False)
+
+            def answer(self, head: bool) -> None:
+                path = self.path.removeprefix("/elmo/")
+                server.requests.append((self.command, path, self.headers.get("Range")))
+                if path not in server.files:
+                    self.send_error(404)
+                    return
+                data = server.files[path] if head else server.body.get(path, server.files[path])
+                start = int(self.headers["Range"].removeprefix("bytes=").split("-")[0]) if self.headers.get(
+                    "Range") else 0
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Length", str(len(data) - start))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data[start:])
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/elmo"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def gets(self, path: str) -> list[str | None]:
+        """The Range headers of the GETs of `path`."""
+        return [header for method, requested, header in self.requests if method == "GET" and requested == path]
+
+
+@pytest.fixture
+def fixture_files() -> dict[str, bytes]:
+    return {MODEL.options_path: require(ALLENNLP / "options.json").read_bytes(),
+            MODEL.weights_path: require(ALLENNLP / "lm_weights.hdf5").read_bytes()}
+
+
+@pytest.fixture
+def server(fixture_files, tmp_path, monkeypatch) -> Iterator[FileServer]:
+    """The fixture weights as the published `small` model, an empty Hugging Face cache, the Hub online."""
+    files = FileServer(fixture_files)
+    monkeypatch.setenv("ELMO_PUBLISHED_ENDPOINT", files.url)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield files
+    files.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> Path:
+    """`elmo convert` of the fixture weights."""
+    return convert(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"),
+                   tmp_path_factory.mktemp("converted"))
+
+
+def test_first_use_downloads_converts_and_keeps_no_hdf5_then_second_use_is_offline(server, converted, monkeypatch):
+    directory = Path(published.published_model(NAME, progress=False))
+    assert directory == published.cache_directory(NAME) / "converted"
+    assert server.gets(MODEL.options_path) == [None] and server.gets(MODEL.weights_path) == [None]
+    assert not list(published.cache_directory(NAME).rglob("*.hdf5")), "the weights are kept once, converted"
+    expected, actual = load_file(converted / "model.safetensors"), load_file(directory / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0, msg=key)
+    card = (directory / "README.md").read_text()
+    assert f"published ELMo model `{NAME}`" in card and MODEL.url(MODEL.weights_path) in card
+
+    server.server.shutdown()  # no network, and the Hub offline: the cache serves it
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with torch.no_grad():
+        vectors = ElmoEmbedder(NAME).embed_sentences(SENTENCES)
+        reference = ElmoEmbedder(str(converted)).embed_sentences(SENTENCES)
+        for ours, theirs in zip(vectors, reference, strict=True):
+            np.testing.assert_array_equal(ours, theirs)
+    assert len(server.requests) == 4  # a HEAD and a GET per file, on first use only
+
+
+def test_an_interrupted_download_resumes_where_it_stopped(server, fixture_files):
+    weights = fixture_files[MODEL.weights_path]
+    partial = published.cache_directory(NAME) / "download" / "weights.hdf5.incomplete"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(weights[:100_000])  # what a killed process left
+    load_model(NAME)
+    assert server.gets(MODEL.weights_path) == ["bytes=100000-"]
+
+
+def test_a_download_of_the_wrong_size_or_damaged_is_removed_and_the_next_use_downloads_it_afresh(
+    server, fixture_files, converted
+):
+    weights = fixture_files[MODEL.weights_path]
+    server.body[MODEL.weights_path] = weights[:-1000]  # shorter than announced
+    with pytest.raises(ModelLoadError, match="another size than the server announced") as error:
+        load_model(NAME)
+    assert "\n" not in str(error.value)
+    server.body[MODEL.weights_path] = bytes(len(weights))  # the announced size, but no HDF5 file
+    with pytest.raises(ModelLoadError, match=f"the download of the published model '{NAME}' is damaged"):
+        load_model(NAME)
+    assert not any(path.is_file() for path in published.cache_directory(NAME).rglob("*") if path.name != ".lock")
+    del server.body[MODEL.weights_path]
+    model = load_model(NAME)
+    torch.testing.assert_close(model.state_dict(), load_model(str(converted)).state_dict(), rtol=0, atol=0)
+
+
+def test_threads_asking_at_once_download_and_convert_once(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        directories = list(pool.map(lambda _: published.published_model(NAME, progress=False), range(4)))
+    assert len(set(directories)) == 1 and Path(directories[0], "model.safetensors").is_file()
+    assert len(server.gets(MODEL.weights_path)) == 1
+
+
+def test_a_wrong_checksum_is_refused(server, fixture_files, monkeypatch):
+    model = published.PublishedModel(NAME, MODEL.options_path, MODEL.weights_path, "test", weights_sha256="0" * 64)
+    monkeypatch.setitem(published.PUBLISHED_MODELS, NAME, model)
+    with pytest.raises(ModelLoadError, match="wrong SHA-256"):
+        load_model(NAME)
+    assert not (published.cache_directory(NAME) / "download" / "weights.hdf5.incomplete").exists()
+    monkeypatch.setitem(published.PUBLISHED_MODELS, NAME, published.PublishedModel(
+        NAME, MODEL.options_path, MODEL.weights_path, "test",
+        weights_sha256=published._sha256(ALLENNLP / "lm_weights.hdf5"),
+    ))
+    assert load_model(NAME).config.lstm_dim == 64
+
+
+def test_offline_or_unreachable_and_not_cached_is_one_line_naming_the_urls_and_elmo_convert(server, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelLoadError) as offline:
+        ElmoEmbedder(NAME)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    server.files.clear()  # the server answers 404
+    with pytest.raises(ModelLoadError) as missing:
+        load_model(NAME)
+    for error in (offline, missing):
+        message = str(error.value)
+        assert "\n" not in message and MODEL.url(MODEL.weights_path) in message and "elmo convert" in message
+    assert "HF_HUB_OFFLINE=1" in str(offline.value) and "404" in str(missing.value)
+
+
+def test_auto_model_through_model_location_and_allennlp_urls_and_cuda_device_give_the_same_model(
+    server, converted
+):
+    auto = AutoModel.from_pretrained(model_location(NAME)).eval()
+    torch.testing.assert_close(auto.state_dict(), load_model(str(converted)).state_dict(), rtol=0, atol=0)
+    # AllenNLP's ElmoEmbedder(options_file, weight_file, cuda_device) with the published URLs
+    embedder = ElmoEmbedder(MODEL.url(MODEL.options_path), MODEL.url(MODEL.weights_path), -1)
+    assert embedder.device == torch.device("cpu") and embedder.model.config.lstm_dim == 64
+    with pytest.raises(ModelLoadError, match="not a published model's URLs"):
+        ElmoEmbedder(f"{server.url}/other_options.json", f"{server.url}/other_weights.hdf5")
+
+
+def test_spacy_configs_and_the_component_read_a_published_model_by_name(server, converted):
+    import spacy
+
+    from spacy_elmo.cli import make_config
+
+    config = make_config("ner", NAME)
+    assert config["paths"]["elmo_model"] == NAME
+    assert (config["elmo"]["width"], config["elmo"]["n_layers"]) == (32, 3)  # read from the downloaded model
+    nlp = spacy.blank("en")
+    nlp.add_pipe("elmo", config={"model": {"name": NAME}})
+    doc = nlp("The bank raised rates.")
+    reference = ElmoEmbedder(str(converted)).embed_sentence([token.text for token in doc])
+    np.testing.assert_allclose(doc._.elmo_layers, reference, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_elmo_embed_downloads_a_published_model_once_then_runs_offline(fixture_files, converted, tmp_path):
+    files = FileServer(fixture_files)
+    (tmp_path / "in.txt").write_text("The bank raised rates .\n")
+    env = {**os.environ, "ELMO_PUBLISHED_ENDPOINT": files.url, "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "HF_HUB_OFFLINE": "0"}
+    command = [sys.executable, "-m", "hf_elmo.cli", "embed", NAME, str(tmp_path / "in.txt"), "--tokenized"]
+    first = subprocess.run([*command, str(tmp_path / "first.npy")], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    files.server.shutdown()
+    second = subprocess.run([*command, str(tmp_path / "second.npy")], env={**env, "HF_HUB_OFFLINE": "1"},
+                            capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert "weights.hdf5" in first.stderr and "weights.hdf5" not in second.stderr  # a progress bar on first use
+    with torch.no_grad():
+        expected = ElmoEmbedder(str(converted)).embed_sentence("The bank raised rates .".split())
+    for name in ("first.npy", "second.npy"):  # (words, layers, width)
+        np.testing.assert_allclose(np.load(tmp_path / name), expected.transpose(1, 0, 2), atol=1e-5)
