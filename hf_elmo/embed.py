@@ -29,9 +29,8 @@ from tqdm import tqdm
 
 from .convert import require_h5py
 from .kernels import ElmoInferenceCache
-from .loading import DEFAULT_MODEL_NAME, ModelLoadError, load_model, load_tokenizer
+from .loading import DEFAULT_MODEL_NAME, load_model, load_original, load_tokenizer
 from .modeling_elmo import ElmoModel, ElmoScalarMix
-from .published import PUBLISHED_MODELS, published_name
 from .text import ElmoBatch, length_batches, read_lines, split_into_words, windows
 from .tokenization_elmo import ElmoCharTokenizer
 
@@ -157,14 +156,16 @@ class ElmoEmbedder:
     so its vectors do not depend on the other sentences of its batch.
 
     AllenNLP's `ElmoEmbedder` calls work unchanged: `ElmoEmbedder()` (here the English model shipped with the
-    package), `ElmoEmbedder(options_file, weight_file, cuda_device)` (the original weights, converted in memory),
+    package; AllenNLP's default is `ElmoEmbedder("original")`), `ElmoEmbedder(options_file, weight_file,
+    cuda_device)` (the original weights, converted in memory, or a published model's URLs),
     `embed_sentence`, `embed_batch`, `embed_sentences(sentences, batch_size)`, `batch_to_embeddings` and
     `embed_file(input_file, output_file_path, output_format, batch_size, forget_sentences, use_sentence_keys)`,
     with AllenNLP's shapes (`layers="all"`: `(n_layers + 1, words, width)` per sentence).
 
     Args:
         model (`ElmoModel` or `str`, `"default"`): the biLM, or where to load it: `"default"` (the English model
-            shipped with the package), a `save_pretrained` directory (a trained biLM with a softmax gives its
+            shipped with the package), a published model (`"original"`, ...: see `hf_elmo.published`), a
+            `save_pretrained` directory (a trained biLM with a softmax gives its
             encoder) or a Hub id. It is put in eval mode (and moved to `device` if given).
         tokenizer (`ElmoCharTokenizer`, optional): defaults to the loaded model's, or one matching `model.config`.
         layers (`str`, `"all"`): `"all"` gives `(n_layers + 1, words, width)` per sentence; `"top"` the last biLSTM
@@ -367,15 +368,7 @@ def _load_model(
             raise ValueError("options_file and weight_file go together (the original ELMo weights)")
         if not (isinstance(model, str) and model == DEFAULT_MODEL_NAME):
             raise ValueError("give either a model or options_file and weight_file, not both")
-        published = published_name(options_file, weight_file)
-        if published is not None:  # AllenNLP's URLs of a published model: its converted copy in the cache
-            return load_model(published), tokenizer or load_tokenizer(published)
-        if any(str(path).startswith(("http://", "https://")) for path in (options_file, weight_file)):
-            raise ModelLoadError(f"{options_file} and {weight_file} are not a published model's URLs "
-                                 f"({', '.join(PUBLISHED_MODELS)}): download them and give the files")
-        from .convert import load_legacy
-
-        return load_legacy(options_file, weight_file), tokenizer
+        return load_original(options_file, weight_file), tokenizer
     if isinstance(model, (str, os.PathLike)):
         return load_model(model), tokenizer or load_tokenizer(model)
     if not isinstance(model, ElmoModel):

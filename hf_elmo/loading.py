@@ -32,7 +32,7 @@ from transformers.utils import logging as transformers_logging
 
 from .configuration_elmo import ElmoConfig
 from .modeling_elmo import ElmoModel
-from .published import PUBLISHED_MODELS, PublishedModelError, published_model
+from .published import PUBLISHED_MODELS, PublishedModelError, published_model, published_name
 from .tokenization_elmo import ElmoCharTokenizer
 
 # The English biLM shipped inside the package (see its README.md), a save_pretrained directory, and its name.
@@ -195,6 +195,20 @@ def load_model(
         raise _loading_error(name, "weights", error) from None
 
 
+def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ElmoModel:
+    """The `ElmoModel` (eval mode) of an original `options.json` + `weights.hdf5` pair (AllenNLP's and bilm-tf's
+    format, converted in memory; needs h5py), or of a published model's URLs (its converted copy in the cache)."""
+    published = published_name(options_file, weight_file)
+    if published is not None:
+        return load_model(published)
+    if any(str(path).startswith(("http://", "https://")) for path in (options_file, weight_file)):
+        raise ModelLoadError(f"{options_file} and {weight_file} are not a published model's URLs "
+                             f"({', '.join(PUBLISHED_MODELS)}): download them and give the files")
+    from .convert import load_legacy
+
+    return load_legacy(options_file, weight_file)
+
+
 def load_tokenizer(name: str | os.PathLike, revision: str | None = None) -> ElmoCharTokenizer:
     """The `ElmoCharTokenizer` saved with a model (its word tokenizer and character slots)."""
     location = resolve_model(name, revision)
@@ -212,6 +226,7 @@ __all__ = [
     "check_model_directory",
     "load_config",
     "load_model",
+    "load_original",
     "load_tokenizer",
     "model_location",
     "quiet_transformers",

@@ -29,6 +29,8 @@ from huggingface_hub.utils import hf_raise_for_status, http_backoff
 from tqdm.auto import tqdm
 
 ENDPOINT = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
+# The same files as AllenNLP 1.x/2.x name them (the bucket's virtual-hosted address).
+ALLENNLP_ENDPOINTS = (ENDPOINT, "https://allennlp.s3.amazonaws.com/models/elmo")
 
 
 class PublishedModelError(ValueError):
@@ -78,7 +80,7 @@ def published_name(options_file: str | os.PathLike, weight_file: str | os.PathLi
     for model in PUBLISHED_MODELS.values():
         if (str(options_file), str(weight_file)) in (
             (model.url(model.options_path), model.url(model.weights_path)),
-            (f"{ENDPOINT}/{model.options_path}", f"{ENDPOINT}/{model.weights_path}"),
+            *((f"{base}/{model.options_path}", f"{base}/{model.weights_path}") for base in ALLENNLP_ENDPOINTS),
         ):
             return model.name
     return None

@@ -14,6 +14,7 @@ import torch
 from spacy.util import SimpleFrozenDict, registry
 
 from hf_elmo import ElmoConfig, ElmoModel, ModelLoadError, load_model
+from hf_elmo.loading import load_original
 
 WeightsLoader = Callable[[], ElmoModel]
 NO_SETTINGS = SimpleFrozenDict()
@@ -34,13 +35,6 @@ def load_pretrained(name: str | Path | None, revision: str | None = None) -> Elm
         raise ModelLoadError(f"{error} (the biLM's `name` in the pipeline config: [components.<elmo>.model] name, "
                              "or [initialize.components.<elmo>.weights] name; `paths.elmo_model` in the shipped "
                              "configs)") from None
-
-
-def load_allennlp(options_file: str | Path, weight_file: str | Path) -> ElmoModel:
-    """A biLM from the original `options.json` + `weights.hdf5` (needs h5py)."""
-    from hf_elmo.convert import load_legacy
-
-    return load_legacy(options_file, weight_file)
 
 
 def random_bilm(preset: str | None = "small", config: dict[str, Any] | None = None, seed: int = 0) -> ElmoModel:
@@ -66,10 +60,10 @@ def configure_pretrained_weights(name: str | None, revision: str | None = None) 
 def configure_allennlp_weights(options_file: str, weight_file: str) -> WeightsLoader:
     """Weights of an original AllenNLP / bilm-tf biLM, converted when `initialize` runs (needs h5py).
 
-    options_file (str): the `options.json`.
-    weight_file (str): the `weights.hdf5`.
+    options_file (str): the `options.json` (or a published model's URL, e.g. AllenNLP's defaults).
+    weight_file (str): the `weights.hdf5` (or a published model's URL).
     """
-    return partial(load_allennlp, options_file, weight_file)
+    return partial(load_original, options_file, weight_file)
 
 
 @registry.misc("spacy-elmo.RandomWeights.v1")

@@ -1,0 +1,102 @@
+"""AllenNLP's names with AllenNLP's signatures and outputs (`hf_elmo.allennlp`), checked against the AllenNLP
+fixtures' expected outputs."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from elmo_fixtures import ALLENNLP, require, sentences
+
+from hf_elmo import ElmoCharTokenizer
+from hf_elmo.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, Elmo, ElmoEmbedder, batch_to_ids
+from hf_elmo.published import published_name
+
+TOP = [-9e10, -9e10, 1.0]  # scalar_mix_parameters that select the top biLSTM layer
+
+
+@pytest.fixture(scope="module")
+def files() -> tuple[str, str]:
+    return str(require(ALLENNLP / "options.json")), str(require(ALLENNLP / "lm_weights.hdf5"))
+
+
+@pytest.fixture(scope="module")
+def batch0() -> list[list[str]]:
+    """Batch 0 of the original test (it starts from the zero state, as every batch does here)."""
+    return [sentences(ALLENNLP / "sentences.json")[k][0].split() for k in range(3)]
+
+
+def test_batch_to_ids_gives_allennlp_character_ids_without_boundaries(batch0):
+    ids = batch_to_ids(batch0)
+    lengths = [len(words) for words in batch0]
+    assert ids.dtype == torch.int64 and ids.shape == (3, max(lengths), 50)
+    tokenizer = ElmoCharTokenizer()
+    for row, words in zip(ids, batch0, strict=True):
+        assert row[: len(words)].tolist() == [list(tokenizer.word_to_char_ids(word)) for word in words]
+        assert not row[len(words):].any()  # padding: zeros
+    # AllenNLP's ids of "a": begin-of-word 259, the byte 97 + 1, end-of-word 260, padding 261
+    assert batch_to_ids([["a"]])[0, 0, :5].tolist() == [259, 98, 260, 261, 261]
+
+
+def test_elmo_top_layer_mix_reproduces_the_allennlp_fixture(files, batch0):
+    elmo = Elmo(*files, num_output_representations=2, dropout=0.0, scalar_mix_parameters=TOP).eval()
+    with torch.no_grad():
+        output = elmo(batch_to_ids(batch0))
+    assert sorted(output) == ["elmo_representations", "mask"]
+    assert len(output["elmo_representations"]) == 2 and elmo.get_output_dim() == 32
+    assert output["mask"].tolist() == [[j < len(words) for j in range(max(map(len, batch0)))] for words in batch0]
+    for k, words in enumerate(batch0):
+        expected = h5py.File(ALLENNLP / f"lm_embeddings_{k}.hdf5", "r")["0"][...]  # (2, words, 16)
+        for representation in output["elmo_representations"]:
+            actual = representation[k].numpy()
+            assert np.abs(actual[: len(words)] - np.concatenate(expected, axis=-1)).max() <= 1e-5
+            assert not actual[len(words):].any()
+
+
+def test_elmo_keeps_boundaries_when_asked_and_equals_the_embedder(files, batch0):
+    kept = Elmo(*files, 1, dropout=0.0, keep_sentence_boundaries=True).eval()
+    with torch.no_grad():
+        output = kept(batch_to_ids(batch0))
+    assert output["mask"].sum(1).tolist() == [len(words) + 2 for words in batch0]
+    average = ElmoEmbedder(*files, layers="average")
+    for k, words in enumerate(batch0):
+        np.testing.assert_allclose(output["elmo_representations"][0][k, 1 : len(words) + 1].numpy(),
+                                   average.embed_sentence(words), atol=2e-6)
+
+
+def test_elmo_learns_its_mixes_and_leaves_the_bilm_frozen(files, batch0):
+    elmo = Elmo(*files, num_output_representations=2, dropout=0.0)
+    trained = {name for name, parameter in elmo.named_parameters() if parameter.requires_grad}
+    assert trained == {f"scalar_mixes.{i}.{name}" for i in range(2) for name in ("scalar_parameters", "gamma")}
+    loss = sum(r.sum() for r in elmo(batch_to_ids(batch0))["elmo_representations"])
+    loss.backward()
+    assert all(elmo.scalar_mixes[i].gamma.grad is not None for i in range(2))
+    assert Elmo(*files, requires_grad=True).elmo.char_cnn.char_embedding.weight.requires_grad
+
+
+def test_elmo_embedder_takes_allennlp_positional_cuda_device(files, batch0):
+    positional = ElmoEmbedder(*files, -1)
+    named = ElmoEmbedder(options_file=files[0], weight_file=files[1], cuda_device=-1)
+    assert positional.device == torch.device("cpu") and positional.layers == "all"
+    np.testing.assert_array_equal(positional.embed_sentence(batch0[0]), named.embed_sentence(batch0[0]))
+    assert positional.embed_sentence(batch0[0]).shape == (3, len(batch0[0]), 32)  # AllenNLP's (layers, words, dim)
+
+
+def test_allennlp_default_files_name_the_published_original():
+    assert published_name(DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE) == "original"
+    old = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/2x4096_512_2048cnn_2xhighway/" \
+          "elmo_2x4096_512_2048cnn_2xhighway_"
+    assert published_name(old + "options.json", old + "weights.hdf5") == "original"
+
+
+def test_what_elmo_does_not_support_is_one_clear_error(files, batch0):
+    with pytest.raises(ValueError, match="vocab_to_cache is not supported"):
+        Elmo(*files, vocab_to_cache=["a"])
+    with pytest.raises(ValueError, match="give options_file and weight_file"):
+        Elmo(num_output_representations=1)
+    elmo = Elmo(*files)
+    with pytest.raises(ValueError, match=r"inputs must be \(batch, words, 50\) character ids"):
+        elmo(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="word_inputs need vocab_to_cache"):
+        elmo(batch_to_ids(batch0), torch.zeros(3, 2, dtype=torch.long))
