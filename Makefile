@@ -22,12 +22,15 @@ $(INSTALLED): setup.cfg pyproject.toml
 demo: venv
 	$(BIN)/elmo demo
 
+# transformers' own common model tests come from its sdist (the package index), once per transformers version.
 test: venv
 	$(BIN)/ruff check hf_elmo spacy_elmo tests benchmarks
+	$(BIN)/python tests/transformers_tests.py
 	$(BIN)/python -m pytest
 
 test-fast: venv
 	$(BIN)/ruff check hf_elmo spacy_elmo tests benchmarks
+	$(BIN)/python tests/transformers_tests.py
 	$(BIN)/python -m pytest -m "not slow"
 
 bench: venv

@@ -64,6 +64,8 @@ class ElmoConfig(PreTrainedConfig):
     """
 
     model_type = "elmo"
+    # transformers' names of the configuration's sizes, read by its utilities and tests (hidden_size: a property)
+    attribute_map = {"num_hidden_layers": "n_layers"}
 
     def __init__(
         self,
@@ -116,6 +118,10 @@ class ElmoConfig(PreTrainedConfig):
             raise ValueError("ElmoConfig.filters: a filter is wider than max_characters_per_token")
         if projection_dim > lstm_dim:
             raise ValueError(f"ElmoConfig.projection_dim ({projection_dim}) cannot exceed lstm_dim ({lstm_dim})")
+        hidden_size = kwargs.pop("hidden_size", None)  # transformers' name for the output width: it follows
+        if hidden_size is not None and hidden_size != 2 * projection_dim:
+            raise ValueError(f"ElmoConfig.hidden_size is the output width 2 * projection_dim ({2 * projection_dim}), "
+                             f"got {hidden_size!r}: set projection_dim instead")
         for name, value in (("cell_clip", cell_clip), ("proj_clip", proj_clip)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"ElmoConfig.{name} must be a number >= 0 (0 or null: no clipping), got {value!r}")
@@ -160,6 +166,12 @@ class ElmoConfig(PreTrainedConfig):
     def output_dim(self) -> int:
         """Width of every output layer: `[forward; backward]`."""
         return 2 * self.projection_dim
+
+    @property
+    def hidden_size(self) -> int:
+        """transformers' name for the width of the hidden states (read by its pipelines and utilities): `output_dim`.
+        """
+        return self.output_dim
 
     @property
     def num_output_layers(self) -> int:

@@ -265,29 +265,32 @@ class ElmoBiLstm(nn.Module):
 
     def forward(
         self,
-        token_repr: torch.Tensor,
+        token_layer: torch.Tensor,
         mask: torch.Tensor,
         lengths: Sequence[int] | None,
         kernels: ElmoKernels,
         initial_state: ElmoState | None = None,
     ) -> tuple[list[torch.Tensor], ElmoState]:
-        """token_repr (batch, positions, P), mask (batch, positions) and its row lengths on the host (None when
+        """token_layer (batch, positions, 2P), layer 0 `[token; token]`, whose forward half the forward LM reads and
+        whose backward half the backward LM reads; mask (batch, positions) and its row lengths on the host (None when
         traced) → n_layers tensors (batch, positions, 2P), final state."""
-        batch, steps, width = token_repr.shape
-        h0, c0 = initial_state if initial_state is not None else self.zero_state(batch, token_repr)
+        forward_input, backward_input = token_layer.chunk(2, dim=-1)
+        batch, steps, width = forward_input.shape
+        h0, c0 = initial_state if initial_state is not None else self.zero_state(batch, token_layer)
         # The step loop needs the active rows of every step to be a prefix: rows not given longest first are sorted.
         order = None
         if lengths is not None and any(a < b for a, b in zip(lengths, lengths[1:])):
             rows = sorted(range(batch), key=lambda i: -lengths[i])
             lengths = [lengths[i] for i in rows]
-            order = torch.tensor(rows, device=token_repr.device)
-            token_repr, mask, h0, c0 = token_repr[order], mask[order], h0[:, :, order], c0[:, :, order]
+            order = torch.tensor(rows, device=token_layer.device)
+            forward_input, backward_input = forward_input[order], backward_input[order]
+            mask, h0, c0 = mask[order], h0[:, :, order], c0[:, :, order]
         # The backward LM reads each sentence reversed within its own length.
         row_lengths = mask.sum(dim=1)[:, None]
-        position = torch.arange(steps, device=token_repr.device)
+        position = torch.arange(steps, device=token_layer.device)
         reverse_index = torch.where(position < row_lengths, row_lengths - 1 - position, position)
         reverse_index = reverse_index[:, :, None].expand(-1, -1, width)
-        layer_input = torch.stack([token_repr, token_repr.gather(1, reverse_index)])  # (2, batch, steps, P)
+        layer_input = torch.stack([forward_input, backward_input.gather(1, reverse_index)])  # (2, batch, steps, P)
 
         layers, final_h, final_c = [], [], []
         for index, layer in enumerate(self.layers):
@@ -572,8 +575,9 @@ class ElmoModel(ElmoPreTrainedModel):
         mask, lengths = self._validate(input_ids, attention_mask, lengths, initial_state)
         kernels = ElmoKernels(self.kernel_options, input_ids, inference_cache, self.bilstm.clipped)
         token_repr = self.char_cnn(input_ids, mask, kernels)
-        layers, final_state = self.bilstm(token_repr, mask, lengths, kernels, initial_state)
-        hidden_states = (torch.cat([token_repr, token_repr], dim=-1), *layers)
+        token_layer = torch.cat([token_repr, token_repr], dim=-1)  # layer 0, as wide as the biLSTM layers
+        layers, final_state = self.bilstm(token_layer, mask, lengths, kernels, initial_state)
+        hidden_states = (token_layer, *layers)
         return ElmoModelOutput(
             last_hidden_state=hidden_states[-1],
             hidden_states=None if output_hidden_states is False else hidden_states,
@@ -754,9 +758,10 @@ class _ElmoTaskModel(ElmoPreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs) -> _ElmoTaskModel:
         """`PreTrainedModel.from_pretrained`; the loaded biLM is frozen again (loading makes new parameters)."""
-        model = super().from_pretrained(*args, **kwargs)
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading info) with output_loading_info
         model.elmo.requires_grad_(not model.config.freeze_elmo)
-        return model
+        return loaded
 
     def train(self, mode: bool = True) -> _ElmoTaskModel:
         super().train(mode)
@@ -776,6 +781,11 @@ class _ElmoTaskModel(ElmoPreTrainedModel):
         states, _ = self.encoder(packed)
         states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=mixed.shape[1])
         return self.dropout(states), mask, layers
+
+    def _hidden_states(self, layers: tuple[torch.Tensor, ...], output_hidden_states: bool | None) -> tuple | None:
+        """The biLM layers when asked for (the argument, else `config.output_hidden_states`, as in transformers)."""
+        asked = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        return layers if asked else None
 
     def regularisation(self) -> torch.Tensor:
         """The paper's `lambda * ||s||^2` on the layer scores."""
@@ -810,7 +820,8 @@ class ElmoForTokenClassification(_ElmoTaskModel):
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
             loss = loss + self.regularisation()
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None)
+        hidden_states = self._hidden_states(layers, output_hidden_states)
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=hidden_states)
 
 
 class ElmoForSequenceClassification(_ElmoTaskModel):
@@ -852,7 +863,7 @@ class ElmoForSequenceClassification(_ElmoTaskModel):
                 loss = F.binary_cross_entropy_with_logits(logits, labels.float())
             loss = loss + self.regularisation()
         return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None
+            loss=loss, logits=logits, hidden_states=self._hidden_states(layers, output_hidden_states)
         )
 
 
