@@ -16,11 +16,12 @@ from dataclasses import replace
 from datetime import timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import torch
 import typer
 from transformers.utils import logging as hf_logging
+from typer.core import TyperCommand
 
 from . import DEFAULT_MODEL_NAME, hub, loading
 from . import convert as legacy
@@ -36,6 +37,32 @@ from .embed import (
 )
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
 from .text import expand_files, get_word_tokenizer
+
+
+class ElmoCommand(TyperCommand):
+    """A command whose help shows no type beside a flag or a list of arguments (`--quiet`, not `--quiet <bool>`;
+    `FILES...`, not `FILES... <list[str]>`) and whose usage line shows each argument as its metavar says
+    (`[MODEL] INPUT OUTPUT`, not `{[MODEL] INPUT OUTPUT}...`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+            elif param.param_type_name == "argument" and param.nargs == -1:  # its metavar and help say what it is
+                param.display_type_rich = lambda ctx: None
+
+    def get_help_option(self, ctx: typer.Context) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        arguments = [param.metavar or str(param.name).upper() for param in self.params
+                     if param.param_type_name == "argument"]
+        return [self.options_metavar, *arguments]
+
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -169,7 +196,7 @@ def parameter_counts(model: ElmoModel | ElmoForBidirectionalLM) -> dict[str, int
     return counts
 
 
-@app.command()
+@app.command(cls=ElmoCommand)
 def convert(
     options_json: Annotated[Path, typer.Argument(help="The original options.json.")],
     weights_hdf5: Annotated[Path, typer.Argument(help="The original weights .hdf5.")],
@@ -197,7 +224,7 @@ def convert(
         typer.echo(commit.commit_url)
 
 
-@app.command("export-hdf5")
+@app.command("export-hdf5", cls=ElmoCommand)
 def export_hdf5(
     model_dir: Annotated[str, typer.Argument(metavar="MODEL_DIR", help=MODEL_HELP)],
     out_prefix: Annotated[str, typer.Argument(metavar="OUT_PREFIX", help="Prefix of the two files, e.g. `out/elmo_`.")],
@@ -212,7 +239,7 @@ def export_hdf5(
         typer.echo(path)
 
 
-@app.command("export-encoder")
+@app.command("export-encoder", cls=ElmoCommand)
 def export_encoder(
     trained_dir: Annotated[Path, typer.Argument(help="A directory written by `elmo pretrain` (with a softmax).")],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the encoder's save_pretrained directory.")],
@@ -233,7 +260,7 @@ def export_encoder(
         _fail(str(error))
 
 
-@app.command()
+@app.command(cls=ElmoCommand)
 def info(
     model: Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
@@ -285,7 +312,7 @@ def _setting_errors() -> Iterator[None]:
         _fail(str(error))
 
 
-@app.command()
+@app.command(cls=ElmoCommand)
 def embed(
     arguments: Annotated[list[str], typer.Argument(
         metavar="[MODEL] INPUT OUTPUT",
@@ -473,7 +500,7 @@ def _embed_in_parts(
         dist.destroy_process_group()
 
 
-@app.command()
+@app.command(cls=ElmoCommand)
 def demo() -> None:
     """Show the English model shipped with the package at work (offline): the same word gets different vectors
     in different contexts ("bank", "play"), then the spaCy component."""
@@ -491,7 +518,7 @@ def _training():
     return training
 
 
-@app.command("build-vocab")
+@app.command("build-vocab", cls=ElmoCommand)
 def build_vocab(
     files: Annotated[list[str], typer.Argument(metavar="FILES...", help="Corpus files or glob patterns (.gz ok).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The vocabulary file to write.")] = Path("vocab.txt"),
@@ -519,7 +546,8 @@ def build_vocab(
 
 
 @app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
+    cls=ElmoCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
 )
 def pretrain(ctx: typer.Context) -> None:
     """Train a biLM from scratch or continue training one (also on several GPUs or nodes with `accelerate launch`
@@ -531,7 +559,7 @@ def pretrain(ctx: typer.Context) -> None:
         _fail(str(error))
 
 
-@app.command()
+@app.command(cls=ElmoCommand)
 def evaluate(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="An ElmoForBidirectionalLM directory or Hub id.")],
     files: Annotated[list[str], typer.Argument(metavar="FILES...", help="Held-out text, one line per sequence.")],

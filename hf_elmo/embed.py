@@ -668,7 +668,8 @@ def embed_file(
     Line i is sentence i: an empty or whitespace-only line is a sentence without words. Lines are whitespace-
     separated words with `tokenized=True` (`str.split`), else raw text split by the embedder's tokenizer's word
     tokenizer (the model's `config.word_tokenizer`; `split_words` when it records none). The output appears
-    only once complete (it is written to a hidden `.partial` file next to it first). The progress bar counts bytes.
+    only once complete (it is written to a hidden `.partial` file next to it first). The progress bar counts the
+    bytes of the lines written, within a long line as its windows are written.
     """
     with ExitStack() as stack:
         if hasattr(input_file, "read"):
@@ -680,12 +681,43 @@ def embed_file(
             file=sys.stderr, disable=not progress,
         ))
         writer = stack.enter_context(open_writer(output_file, embedder.token_shape, sentence_index, sentence_keys))
-        _embed_lines(embedder, read_lines(stream, bar.update), writer, tokenized)
+        progress_bar = _LineProgress(bar)
+        _embed_lines(embedder, read_lines(stream, progress_bar.sizes.append), writer, tokenized,
+                     progress_bar.window, progress_bar.line)
         return writer.count
 
 
-def _embed_lines(embedder: ElmoEmbedder, lines: Iterable[str], writer: EmbeddingWriter, tokenized: bool) -> None:
-    """Embed each line as a sentence (see `embed_file`) and write it with its text, in order."""
+class _LineProgress:
+    """Advances a bar of bytes by each line's bytes as its windows are written, in whole bytes."""
+
+    def __init__(self, bar: tqdm):
+        self.bar = bar
+        self.sizes: deque[int] = deque()  # the bytes of each line read and not yet written
+        self.words = 0  # of the line being written, in the windows written so far
+        self.counted = 0  # bytes of that line already on the bar
+
+    def window(self, window: _Window) -> None:
+        self.words += len(window.words)
+        target = self.sizes[0] * self.words // window.sentence_words if window.sentence_words else self.sizes[0]
+        self.bar.update(target - self.counted)
+        self.counted = target
+
+    def line(self) -> None:
+        self.bar.update(self.sizes.popleft() - self.counted)
+        self.words = self.counted = 0
+
+
+def _embed_lines(
+    embedder: ElmoEmbedder,
+    lines: Iterable[str],
+    writer: EmbeddingWriter,
+    tokenized: bool,
+    on_window: Callable[[_Window], object] | None = None,
+    on_line: Callable[[], object] | None = None,
+) -> None:
+    """Embed each line as a sentence (see `embed_file`) and write it with its text, in order; `on_window` is
+    called after each window is written (the progress bar advances within a long line), `on_line` after each
+    line."""
     pending: deque[str] = deque()  # read but not yet written: bounded by the embedder's buffer
 
     def sentences() -> Iterator[list[str]]:
@@ -693,11 +725,19 @@ def _embed_lines(embedder: ElmoEmbedder, lines: Iterable[str], writer: Embedding
             pending.append(line)
             yield line.split() if tokenized else split_into_words(line, embedder.tokenizer.word_tokenizer)
 
+    def parts(windows: Iterable[tuple[_Window, np.ndarray]]) -> Iterator[np.ndarray]:
+        for window, part in windows:
+            yield part
+            if on_window is not None:
+                on_window(window)
+
     # Each sentence's windows go to the writer as they come: a long line is never held whole.
     for _, embedded in itertools.groupby(embedder._embedded_windows(sentences()), key=_sentence_index):
-        first, embedding = next(embedded)
-        parts = itertools.chain([embedding], (part for _, part in embedded))  # noqa: B031 (the rest, after next())
-        writer.add_parts(first.sentence_words, parts, pending.popleft())
+        first = next(embedded)
+        rest = itertools.chain([first], embedded)  # noqa: B031 (the rest, after next())
+        writer.add_parts(first[0].sentence_words, parts(rest), pending.popleft())
+        if on_line is not None:
+            on_line()
 
 
 # -- several processes ----------------------------------------------------------------------------------------

@@ -53,6 +53,26 @@ def test_version():
     assert result.exit_code == 0 and result.stdout.startswith(f"elmo {__version__} (spacy-elmo), torch "), result.output
 
 
+@pytest.mark.parametrize("command,usage", [
+    ("embed", "embed [OPTIONS] [MODEL] INPUT OUTPUT"), ("info", "info [OPTIONS] MODEL"),
+    ("build-vocab", "build-vocab [OPTIONS] FILES..."), ("convert", "convert [OPTIONS] OPTIONS_JSON WEIGHTS_HDF5 OUT_DIR"),
+])
+def test_help_shows_usage_as_typed_and_no_types_for_flags_or_argument_lists(command, usage):
+    result = run(command, "--help")
+    assert result.exit_code == 0 and usage in result.stdout, result.stdout
+    for noise in ("<bool>", "<list[str]>", "{["):
+        assert noise not in result.stdout
+
+
+def test_pretrain_help_keeps_its_examples_one_per_line(capsys):
+    from hf_elmo.training.pretrain import parse_arguments
+
+    with pytest.raises(SystemExit):
+        parse_arguments(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "    elmo pretrain training/ptb_cpu.yaml --max_steps 100          # a recipe, with overrides" in lines
+
+
 def test_convert_writes_a_loadable_directory(tmp_path):
     result = run("convert", FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5", tmp_path / "model")
     assert result.exit_code == 0, result.output

@@ -521,3 +521,31 @@ def test_embed_settings_are_checked_once_and_name_the_setting_at_fault(tiny_mode
     settings = EmbedSettings(layers="mix", scalar_parameters=(0.0, 1.0, 0.0), gamma=2.0, batch_tokens=64)
     embedder = ElmoEmbedder(tiny_model, settings=settings)
     assert embedder.settings is settings and embedder.batch_tokens == 64 and embedder.layers == "mix"
+
+
+def test_the_progress_bar_advances_within_a_long_line_and_ends_at_the_file_size(tiny_model_dir, tmp_path, monkeypatch):
+    import hf_elmo.embed as embed_module
+
+    updates: list[int] = []
+
+    class Bar:
+        def __init__(self, *args, total=None, **kwargs):
+            self.total = total
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def update(self, n: int) -> None:
+            updates.append(n)
+
+    monkeypatch.setattr(embed_module, "tqdm", Bar)
+    text = " ".join(["word"] * 50) + "\n\nshort line\n"
+    (tmp_path / "in.txt").write_text(text)
+    embedder = ElmoEmbedder(tiny_model_dir, max_sentence_words=10, batch_tokens=12)
+    embed_file(embedder, tmp_path / "in.txt", tmp_path / "out.npy", tokenized=True)
+    line = len(" ".join(["word"] * 50)) + 1
+    assert all(isinstance(n, int) and n >= 0 for n in updates) and sum(updates) == len(text.encode())
+    assert [sum(updates[: i + 1]) for i in range(5)] == [line * k // 5 for k in range(1, 6)]  # window by window

@@ -15,6 +15,7 @@ loop: step, log, evaluate, checkpoint) → save. The output directory is a `save
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -129,7 +130,8 @@ class PretrainArguments:
 def parse_arguments(argv: Sequence[str] | None = None) -> PretrainArguments:
     """Command-line arguments, on top of a YAML/JSON recipe when the first argument is one."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(PretrainArguments, prog="elmo pretrain", description=__doc__)
+    parser = HfArgumentParser(PretrainArguments, prog="elmo pretrain", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml", ".json")):
         recipe = yaml.safe_load(Path(argv.pop(0)).read_text(encoding="utf-8")) or {}
         unknown = set(recipe) - {f.name for f in fields(PretrainArguments)}
