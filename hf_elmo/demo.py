@@ -93,9 +93,12 @@ def _print_report(report: SenseReport, usages: list[Usage], echo: Callable[[str]
     occurrences = [usage for usage in usages if usage.word == report.word]
     echo(f'\n"{report.word}": cosine similarity of its top-layer vectors (token layer: all '
          f"{report.token_layer.min().item():.2f}, the same vector everywhere)")
+    width = max(len(usage.sense) for usage in occurrences) + 2
+    columns = " ".join(f"{j + 1:>5}" for j in range(len(occurrences)))
+    echo(f"  {'':3}{'sense':>{width}} {columns}   sentence (columns: cosine with the use in that row)")
     for index, usage in enumerate(occurrences):
         cells = " ".join(f"{report.top_layer[index, j].item():5.2f}" for j in range(len(occurrences)))
-        echo(f"  {index + 1}. [{usage.sense:>7}] {cells}   {usage.sentence}")
+        echo(f"  {index + 1}. {'[' + usage.sense + ']':>{width}} {cells}   {usage.sentence}")
     same, different = report.mean_similarity(True), report.mean_similarity(False)
     verdict = "closer" if same > different else "NOT closer"
     echo(f"  mean over pairs: same sense {same:.3f}, different senses {different:.3f}: same-sense uses are {verdict}")

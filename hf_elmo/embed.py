@@ -186,8 +186,8 @@ class ElmoEmbedder:
             `model` (as AllenNLP; also accepted as the first two positional arguments).
         cuda_device (`int`, optional): AllenNLP's device argument: -1 for the CPU, n for `cuda:n`.
         bf16 (`bool`, False): run the biLM under bf16 autocast (outputs still float32): several times faster on CPUs
-            with native bf16 (AVX512-BF16, AMX) and on GPUs, not exact (measured on the default model: see the
-            README's "Performance"). Never chosen on its own; a warning says when the CPU has no native bf16.
+            with native bf16 (AVX512-BF16, AMX) and on GPUs, not exact (measured on the default model: see
+            docs/performance.md). Never chosen on its own; a warning says when the CPU has no native bf16.
         settings (`EmbedSettings`, optional): all of `layers` to `bf16` (but `cuda_device`) at once, as `elmo embed`
             gives them; the arguments are checked by making one (an `EmbedSettingError` names the one at fault).
     """

@@ -77,12 +77,12 @@ with torch.no_grad():
     layers = model(**batch).hidden_states  # {num_output_layers} x (batch, words + 2, {output_dim})
 ```
 {lm_usage}
-With the `spacy-elmo` package installed (`pip install spacy-elmo`), `import hf_elmo` registers the classes and
-`trust_remote_code` is not needed.
+With the `spacy-elmo` package installed, `import hf_elmo` registers the classes and `trust_remote_code` is not
+needed.
 
 ## Usage with spaCy
 
-With `pip install spacy-elmo`:
+With the `spacy-elmo` package installed:
 
 ```python
 import spacy
@@ -92,6 +92,28 @@ nlp.add_pipe("elmo", config={{"model": {{"name": "{repo_id}"}}}})
 doc = nlp("The bank of the river.")
 doc._.elmo_layers  # ({num_output_layers}, n_tokens, {output_dim})
 ```
+
+## Intended use
+
+Contextual word vectors as features for other models (tagging, named entities, parsing, classification, question
+answering): a task model learns a scalar mix of the {num_output_layers} layers, the biLM frozen or fine-tuned, as in
+the paper. It is not a text generator.
+
+## Limitations
+
+- The vectors are best for text like the training text (see the source of the weights), split into words the same
+  way{word_tokenizer_note}; other languages, domains and registers (code, social media, transcripts) get weaker
+  ones.
+- Words are cut to their first {max_word_bytes} UTF-8 bytes. Every sentence is read alone, from the zero state: no
+  context crosses a sentence boundary, and a very long sentence costs time linear in its length.
+- Inference is float32; bf16 or fp16 autocast is faster and changes the vectors slightly.
+
+## Bias
+
+A language model learns the associations of its training text, social biases and stereotypes included (ELMo's
+vectors encode gender bias: Zhao et al. 2019, "Gender Bias in Contextualized Word Embeddings"). Systems built on
+these vectors can reproduce or amplify them: evaluate them on the people and the use they serve before deploying
+them.
 """
 
 _LM_USAGE = """
@@ -142,6 +164,7 @@ def build_model_card(
         num_output_layers=config.num_output_layers,
         softmax=f"{config.vocab_size:,} words, shared by both directions" if has_softmax else "none (encoder only)",
         lm_usage=_LM_USAGE.format(repo_id=repo_id) if has_softmax else "",
+        word_tokenizer_note=f" (`{word_tokenizer}`, which the tokenizer applies to raw text)" if word_tokenizer else "",
         **{key: getattr(config, key) for key in (
             "filters", "activation", "char_embedding_dim", "n_highway", "projection_dim", "n_layers", "lstm_dim",
             "cell_clip", "proj_clip", "use_skip_connections", "max_characters_per_token",

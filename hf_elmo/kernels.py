@@ -44,8 +44,8 @@ class ElmoKernelOptions:
         onednn: CPU float32 inference matmuls through oneDNN (True) or `F.linear`, i.e. MKL (False): the same IEEE
             float32 arithmetic summed in another order (outputs differ by ~1e-6). `"auto"` (the default): MKL on
             Intel CPUs, where it runs its own fastest code, and oneDNN elsewhere, where MKL only takes its AVX2 path
-            (AMD EPYC: oneDNN 2-3x faster; 2-core Xeon with AMX: MKL 5-10 % faster, see the README's
-            "Performance"). Training (autograd) always uses `F.linear`; the bf16 mode always packs for oneDNN.
+            (AMD EPYC: oneDNN 2-3x faster; 2-core Xeon with AMX: MKL 5-10 % faster, see
+            docs/performance.md). Training (autograd) always uses `F.linear`; the bf16 mode always packs for oneDNN.
         fused_lstm: `"auto"` runs the biLSTM through `nn.LSTM` (cuDNN) on a GPU for models without cell or
             projection clipping, where it computes the same function, else the step loop; `"always"` also for
             clipped models (an approximation: the original ELMo weights clip at 3); `"never"` the step loop.

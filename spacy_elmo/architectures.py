@@ -67,7 +67,7 @@ def elmo_bilm_v2(
         Training configs give the weights in `[initialize.components.elmo.weights]` instead.
     max_batch_tokens (int): padded positions (rows x longest row) per biLM call; bounds memory on any input.
     mixed_precision (bool): run the biLM under autocast: float16 on a GPU; on a CPU, bf16 for predictions (CPUs
-        with AMX or AVX512-BF16; not exact: see the README's "Performance"), float32 for fine-tuning.
+        with AMX or AVX512-BF16; not exact: see docs/performance.md), float32 for fine-tuning.
     grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
     """
     return build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config))

@@ -1,4 +1,4 @@
-"""`pip install spacy-elmo` without extras runs the README: the transformers example on raw text, `elmo embed default`
+"""`pip install spacy-elmo` without extras runs the README: its transformers and spaCy blocks, `elmo embed default`
 and `elmo demo`. The test reads the core dependency closure from the installed metadata and runs the commands in a
 fresh interpreter in which every other installed distribution (the extras, pytest, ...) cannot be imported."""
 
@@ -10,7 +10,8 @@ from importlib.metadata import PackageNotFoundError, distribution
 import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
-from spacy_fixtures import run_python
+from spacy_fixtures import REPO, run_python
+from test_readme import blocks
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
@@ -49,21 +50,6 @@ for module, dists in importlib.metadata.packages_distributions().items():
 sys.argv = sys.argv[:1]
 """
 
-README_EXAMPLE = """
-import torch
-from transformers import AutoModel, AutoTokenizer
-import hf_elmo
-
-tokenizer = AutoTokenizer.from_pretrained(hf_elmo.DEFAULT_MODEL)
-model = AutoModel.from_pretrained(hf_elmo.DEFAULT_MODEL).eval()
-batch = tokenizer(["The bank raised rates.", "We sat on the river bank."], padding=True, return_tensors="pt")
-assert tuple(batch["input_ids"].shape) == (2, 9, 50), batch["input_ids"].shape
-with torch.no_grad():
-    output = model(**batch)
-assert len(output.hidden_states) == 3 and tuple(output.hidden_states[2].shape) == (2, 9, 512)
-print("README example ok")
-"""
-
 CLI = """
 import pathlib, tempfile, numpy
 from typer.testing import CliRunner
@@ -89,7 +75,10 @@ def test_readme_embed_and_demo_run_with_the_core_install_alone():
     core = ",".join(sorted(core_closure()))
     absent = "import importlib.util\nprint([importlib.util.find_spec(m) for m in ('h5py', 'accelerate', 'pytest')])"
     assert run_python(CORE_ONLY + absent, core).strip() == "[None, None, None]"
-    assert "README example ok" in run_python(CORE_ONLY + README_EXAMPLE, core)
+    transformers_block, spacy_block = blocks(REPO / "README.md", "python")[:2]  # as the README has them
+    assert run_python(CORE_ONLY + transformers_block, core).split() == [
+        "torch.Size([2,", "9,", "50])", "3", "torch.Size([2,", "9,", "512])"]
+    assert run_python(CORE_ONLY + spacy_block, core).startswith("(3, 5, 512)\n")
     output = run_python(CORE_ONLY + CLI, core)
     assert "2 sentences written" in output and "same-sense uses are" in output and "spaCy:" in output
 

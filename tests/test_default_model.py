@@ -83,7 +83,8 @@ def test_raw_text_is_split_like_the_training_text_by_spacy_english_tokenizer(tok
 def test_the_card_says_how_the_model_was_trained_and_what_it_scores():
     card = (Path(DEFAULT_MODEL) / "README.md").read_text()
     for text in ("pretrain-en", "`spacy:en`", "held-out perplexity, full softmax", "was dropped after training",
-                 "optimizer steps", "none (encoder only)"):
+                 "optimizer steps", "none (encoder only)", "## Intended use", "## Limitations", "## Bias",
+                 "Gender Bias in Contextualized Word Embeddings"):
         assert text in card
 
 
@@ -110,6 +111,8 @@ def test_elmo_demo_runs_offline(monkeypatch):
     for usage in USAGES:
         assert usage.sentence in result.output
     assert "doc._.elmo_layers" in result.output and "same-sense uses are closer" in result.output
+    header = "sense     1     2     3     4     5     6     7     8   sentence"  # each table's columns are named
+    assert header in result.output and "sense     1     2     3     4     5     6   sentence" in result.output
 
 
 def test_cli_commands_accept_default_as_the_model(model):
