@@ -215,7 +215,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="half the spaCy and pretraining steps")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check"))
-    parser.add_argument("--phases", default="tests,parity,inference,spacy,pretrain")
+    parser.add_argument("--phases", default="tests,parity,inference,spacy,pretrain",
+                        help="phases, or single jobs by name (e.g. spacy/ner-elmo,pretrain/english_small)")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -239,7 +240,8 @@ def main() -> None:
     start = time.perf_counter()
     selected = args.phases.split(",")
     for phase, phase_jobs in jobs(sizes, device).items():
-        if phase not in selected:
+        phase_jobs = [job for job in phase_jobs if phase in selected or job[0] in selected]
+        if not phase_jobs:
             continue
         report["phases"][phase] = []
         for job_name, job_args, limit in phase_jobs:
