@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel, load_model
 from hf_elmo.convert import export_hdf5
 from hf_elmo.kernels import onednn_available
 
@@ -68,7 +68,7 @@ def median_seconds(function, repeats: int, device: torch.device, warm_up: int = 
 def run_allennlp(python: str, model_dir: Path, batches: list[dict], single: dict, threads: int, repeats: int,
                  latency_calls: int, work_dir: Path, device: torch.device) -> tuple[dict, list[np.ndarray]]:
     """AllenNLP's seconds per pass, single-sentence latency and first-batch layers, from its own virtualenv."""
-    export_hdf5(model_dir, f"{work_dir}{os.sep}")
+    export_hdf5(load_model(model_dir), f"{work_dir}{os.sep}")
     without_boundaries = [b["input_ids"][:, 1:-1].numpy() for b in [*batches, single]]  # equal-length rows
     np.savez(work_dir / "batches.npz", **{str(i): ids for i, ids in enumerate(without_boundaries[:-1])})
     np.save(work_dir / "single.npy", without_boundaries[-1])

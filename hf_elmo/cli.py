@@ -231,8 +231,9 @@ def export_hdf5(
 ) -> None:
     """Write `<OUT_PREFIX>options.json` and `<OUT_PREFIX>weights.hdf5` in the original layout (readable by
     bilm-tf and AllenNLP). Prints both paths."""
+    model = _load_model(model_dir, _load_config(model_dir))
     try:
-        paths = legacy.export_hdf5(model_dir, out_prefix)
+        paths = legacy.export_hdf5(model.elmo if isinstance(model, ElmoForBidirectionalLM) else model, out_prefix)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     for path in paths:

@@ -241,7 +241,7 @@ def convert(
 ) -> Path:
     """Write a `save_pretrained` directory (config, model.safetensors, tokenizer, model card whose snippets load
     `repo_id`, the Hub repo it will be pushed to, if given); `progress` as in `load_legacy`."""
-    from .hub import write_model_card
+    from .cards import write_model_card
 
     model = load_legacy(options_file, weights_file, progress)
     output_dir = Path(output_dir)
@@ -253,12 +253,10 @@ def convert(
     return output_dir
 
 
-def export_hdf5(model_dir: str | Path, output_prefix: str | Path) -> tuple[Path, Path]:
-    """Write `<prefix>options.json` and `<prefix>weights.hdf5` in the original layout; returns both paths."""
-    from .loading import load_model
-
+def export_hdf5(model: ElmoModel, output_prefix: str | Path) -> tuple[Path, Path]:
+    """Write `model` (e.g. `load_model(name)`) as `<prefix>options.json` and `<prefix>weights.hdf5` in the original
+    layout; returns both paths."""
     h5py = require_h5py()
-    model = load_model(model_dir)
     arrays = legacy_from_state_dict(model.state_dict(), model.config)
     prefix = str(output_prefix)
     options_path, weights_path = Path(prefix + "options.json"), Path(prefix + "weights.hdf5")

@@ -10,7 +10,7 @@ import torch
 from elmo_fixtures import ALLENNLP, FIXTURE_MODELS, require, sentences, tiny_config
 from transformers import AutoModel, AutoTokenizer
 
-from hf_elmo import ElmoModel
+from hf_elmo import ElmoModel, load_model
 from hf_elmo.convert import LegacyWeightsError, convert, export_hdf5, legacy_layout, load_legacy
 
 
@@ -26,7 +26,7 @@ def read_all(path):
 def test_round_trip_is_bit_exact(tmp_path, name, model_dir, sentences_file):
     options, weights = require(model_dir / "options.json"), require(model_dir / "lm_weights.hdf5")
     convert(options, weights, tmp_path / "model")
-    options_out, weights_out = export_hdf5(tmp_path / "model", tmp_path / "export" / "elmo_")
+    options_out, weights_out = export_hdf5(load_model(tmp_path / "model"), tmp_path / "export" / "elmo_")
     original, exported = read_all(weights), read_all(weights_out)
     assert sorted(original) == sorted(exported)
     for dataset, array in original.items():
@@ -64,7 +64,7 @@ def test_layout_variants_round_trip(tmp_path, overrides):
     torch.manual_seed(0)
     model = ElmoModel(tiny_config(**overrides))
     model.save_pretrained(tmp_path / "model")
-    options, weights = export_hdf5(tmp_path / "model", tmp_path / "legacy_")
+    options, weights = export_hdf5(load_model(tmp_path / "model"), tmp_path / "legacy_")
     assert sorted(read_all(weights)) == sorted(legacy_layout(model.config))
     reloaded = load_legacy(options, weights)
     for key, value in model.state_dict().items():

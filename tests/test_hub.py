@@ -23,16 +23,16 @@ from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTok
 
 import hf_elmo
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoModel
-from hf_elmo.convert import convert
-from hf_elmo.hub import (
+from hf_elmo.cards import (
     RANDOM_WEIGHTS_SOURCE,
     CardMetadata,
     build_model_card,
     card_metadata,
     card_source,
-    push_to_hub,
     weights_source,
 )
+from hf_elmo.convert import convert
+from hf_elmo.hub import push_to_hub
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 

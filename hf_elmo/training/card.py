@@ -43,7 +43,7 @@ def training_source(
     validation: dict[str, float] | None = None,
     validation_corpus: str | None = None,
 ) -> str:
-    """The "Source of the weights" section of a trained model's card (see `hf_elmo.hub.build_model_card`)."""
+    """The "Source of the weights" section of a trained model's card (see `hf_elmo.cards.build_model_card`)."""
     softmax = f"sampled, {num_sampled:,} log-uniform candidates per batch" if num_sampled else "full"
     rows = [
         ("corpus", corpus),

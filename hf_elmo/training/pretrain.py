@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 from transformers import HfArgumentParser, get_scheduler
 
 from .. import loading
+from ..cards import CardMetadata, write_model_card
 from ..configuration_elmo import ElmoConfig
-from ..hub import CardMetadata, push_directory, write_model_card
+from ..hub import push_directory
 from ..modeling_elmo import ElmoForBidirectionalLM
 from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer

@@ -1,0 +1,221 @@
+"""Model cards of ELMo `save_pretrained` directories and Hub repos: the architecture, the source of the weights,
+usage, intended use, limitations and bias, written by `elmo convert`, `elmo pretrain`, `export_encoder` and
+`push_to_hub` (`hf_elmo.hub`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from huggingface_hub import ModelCard, ModelCardData
+
+from .configuration_elmo import ElmoConfig
+
+
+@dataclass
+class CardMetadata:
+    """Hub metadata of a card: the language of the training text, the Hub ids of its datasets, and the Hub model
+    the weights were fine-tuned from."""
+
+    language: str | None = None
+    datasets: list[str] = field(default_factory=list)
+    base_model: str | None = None
+
+
+_CARD_TEMPLATE = """---
+{card_data}
+---
+
+# ELMo biLM{title_suffix}
+
+A bidirectional language model with character inputs (ELMo, Peters et al. 2018, "Deep contextualized word
+representations"), packaged for Hugging Face `transformers` with the `elmo` project.
+
+## Source of the weights
+
+{source}
+
+## Architecture
+
+| | |
+|---|---|
+| character CNN | {n_filters} filters {filters}, {activation}, char embedding {char_embedding_dim} |
+| highway layers | {n_highway} |
+| token representation | {projection_dim} |
+| biLSTM | {n_layers} layers per direction, cell {lstm_dim}, projection {projection_dim} |
+| clipping | cell {cell_clip}, projection {proj_clip} |
+| residual connections | {use_skip_connections} |
+| output layers | {num_output_layers} of width {output_dim}: the token layer duplicated, then each biLSTM layer |
+| word softmax | {softmax} |
+| parameters | {n_parameters:,} |
+
+Input: every word is its UTF-8 bytes (at most {max_word_bytes}) between begin/end-of-word markers,
+{max_characters_per_token} character ids per word; `<S>` and `</S>` rows frame every sentence. Every sentence
+starts from the zero LSTM state, so its vectors do not depend on the rest of its batch.
+
+## Usage with transformers
+
+```python
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}", trust_remote_code=True)
+model = AutoModel.from_pretrained("{repo_id}", trust_remote_code=True).eval()
+batch = tokenizer([["The", "bank", "of", "the", "river", "."]], is_split_into_words=True,
+                  padding=True, return_tensors="pt")
+with torch.no_grad():
+    layers = model(**batch).hidden_states  # {num_output_layers} x (batch, words + 2, {output_dim})
+```
+{lm_usage}
+With the `spacy-elmo` package installed, `import hf_elmo` registers the classes and `trust_remote_code` is not
+needed.
+
+## Usage with spaCy
+
+With the `spacy-elmo` package installed:
+
+```python
+import spacy
+
+nlp = spacy.blank("en")
+nlp.add_pipe("elmo", config={{"model": {{"name": "{repo_id}"}}}})
+doc = nlp("The bank of the river.")
+doc._.elmo_layers  # ({num_output_layers}, n_tokens, {output_dim})
+```
+
+## Intended use
+
+Contextual word vectors as features for other models (tagging, named entities, parsing, classification, question
+answering): a task model learns a scalar mix of the {num_output_layers} layers, the biLM frozen or fine-tuned, as in
+the paper. It is not a text generator.
+
+## Limitations
+
+- The vectors are best for text like the training text (see the source of the weights), split into words the same
+  way{word_tokenizer_note}; other languages, domains and registers (code, social media, transcripts) get weaker
+  ones.
+- Words are cut to their first {max_word_bytes} UTF-8 bytes. Every sentence is read alone, from the zero state: no
+  context crosses a sentence boundary, and a very long sentence costs time linear in its length.
+- Inference is float32; bf16 or fp16 autocast is faster and changes the vectors slightly.
+
+## Bias
+
+A language model learns the associations of its training text, social biases and stereotypes included (ELMo's
+vectors encode gender bias: Zhao et al. 2019, "Gender Bias in Contextualized Word Embeddings"). Systems built on
+these vectors can reproduce or amplify them: evaluate them on the people and the use they serve before deploying
+them.
+"""
+
+_LM_USAGE = """
+The biLM's word softmax is included: `AutoModelForPreTraining.from_pretrained("{repo_id}", trust_remote_code=True)`
+gives `ElmoForBidirectionalLM`, whose `forward_logits` / `backward_logits` score the next / previous word.
+"""
+
+_SOURCE_SECTION = re.compile(r"^## Source of the weights[ \t]*\n(.*?)(?=^## |\Z)", re.DOTALL | re.MULTILINE)
+RANDOM_WEIGHTS_SOURCE = "Randomly initialised weights: this model has not been trained."
+
+
+def build_model_card(
+    config: ElmoConfig,
+    source: str,
+    repo_id: str = "path/to/model",
+    n_parameters: int = 0,
+    tags: list[str] | None = None,
+    metadata: CardMetadata | None = None,
+) -> ModelCard:
+    """A model card describing the architecture, its size, where the weights come from and how to use them.
+
+    `repo_id` is the id the usage snippets load; `tags` are added to the card's own; `metadata` fills the card's
+    `language` (by default the language of a `spacy:<lang>` word tokenizer), `datasets` and `base_model`.
+    """
+    own_tags = ["elmo", "bilm", "feature-extraction", "custom_code"]
+    metadata = metadata or CardMetadata()
+    word_tokenizer = getattr(config, "word_tokenizer", None) or ""
+    tokenizer_language = word_tokenizer.partition(":")[2] if word_tokenizer.startswith("spacy:") else None
+    card_data = ModelCardData(
+        language=metadata.language or tokenizer_language,
+        library_name="transformers",
+        license="apache-2.0",
+        tags=[*own_tags, *(tag for tag in tags or [] if tag not in own_tags)],
+        datasets=metadata.datasets or None,
+        base_model=metadata.base_model,
+        pipeline_tag="feature-extraction",
+    )
+    has_softmax = bool(config.vocab_size)
+    text = _CARD_TEMPLATE.format(
+        card_data=card_data.to_yaml(),
+        title_suffix=f" {config.lstm_dim}x{config.projection_dim}",
+        source=source.strip(),
+        repo_id=repo_id,
+        n_parameters=n_parameters,
+        max_word_bytes=config.max_characters_per_token - 2,
+        n_filters=config.n_filters,
+        output_dim=config.output_dim,
+        num_output_layers=config.num_output_layers,
+        softmax=f"{config.vocab_size:,} words, shared by both directions" if has_softmax else "none (encoder only)",
+        lm_usage=_LM_USAGE.format(repo_id=repo_id) if has_softmax else "",
+        word_tokenizer_note=f" (`{word_tokenizer}`, which the tokenizer applies to raw text)" if word_tokenizer else "",
+        **{key: getattr(config, key) for key in (
+            "filters", "activation", "char_embedding_dim", "n_highway", "projection_dim", "n_layers", "lstm_dim",
+            "cell_clip", "proj_clip", "use_skip_connections", "max_characters_per_token",
+        )},
+    )
+    return ModelCard(text)
+
+
+def model_card(
+    model: torch.nn.Module,
+    repo_id: str,
+    source: str | None = None,
+    tags: list[str] | None = None,
+    metadata: CardMetadata | None = None,
+) -> ModelCard:
+    """The card of `model` (an `ElmoModel` or `ElmoForBidirectionalLM`); `source` defaults to `weights_source`."""
+    n_parameters = sum(p.numel() for p in model.parameters())
+    return build_model_card(model.config, source or weights_source(model), repo_id, n_parameters, tags, metadata)
+
+
+def write_model_card(
+    output_dir: str | Path,
+    model: torch.nn.Module,
+    source: str,
+    repo_id: str = "path/to/model",
+    metadata: CardMetadata | None = None,
+) -> Path:
+    """Write `README.md` (the model card of `model`) into a `save_pretrained` directory."""
+    path = Path(output_dir) / "README.md"
+    model_card(model, repo_id, source, metadata=metadata).save(path)
+    return path
+
+
+def card_metadata(card_text: str) -> CardMetadata:
+    """The `language`, `datasets` and `base_model` of a card."""
+    data = ModelCard(card_text).data
+    language = data.language[0] if isinstance(data.language, list) and len(data.language) == 1 else data.language
+    return CardMetadata(language=language, datasets=list(data.datasets or []), base_model=data.base_model)
+
+
+def card_source(card_text: str) -> str | None:
+    """The "Source of the weights" section of a card made by `build_model_card`, or None."""
+    match = _SOURCE_SECTION.search(card_text)
+    return (match.group(1).strip() or None) if match else None
+
+
+def weights_source(model: torch.nn.Module) -> str:
+    """Where `model`'s weights come from, for its card.
+
+    A model loaded from a directory with a card of ours (e.g. made by `convert`) keeps that card's source; one
+    loaded from a Hub repo names the repo; a freshly built model says its weights are random. Local paths are
+    never written into a card.
+    """
+    origin = str(getattr(model, "name_or_path", "") or "")
+    if not origin:
+        return RANDOM_WEIGHTS_SOURCE
+    if os.path.isdir(origin):
+        readme = Path(origin) / "README.md"
+        source = card_source(readme.read_text(encoding="utf-8")) if readme.is_file() else None
+        return source or "Not recorded: the weights were loaded from a local directory without a model card."
+    return f"The weights of the Hub model `{origin}` (see its model card)."
