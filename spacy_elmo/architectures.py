@@ -62,8 +62,9 @@ def elmo_bilm_v2(
     of small layers (sentences → length batches → the biLM → boundaries stripped → per-Doc arrays).
 
     get_spans (Callable): the span getter, e.g. `spacy-elmo.sent_spans.v1` (one biLM row per span).
-    name (str): a directory written by `elmo convert` or a Hub id; read only when the biLM is first needed and
-        has no weights yet (never when a saved pipeline is loaded: its weights are in the pipeline directory).
+    name (str): `default`, a published model (`original`, ...), a directory or a Hub id; read only when the biLM is
+        first needed and has no weights yet (never when a saved pipeline is loaded: its weights are in the pipeline
+        directory).
         Training configs give the weights in `[initialize.components.elmo.weights]` instead.
     max_batch_tokens (int): padded positions (rows x longest row) per biLM call; bounds memory on any input.
     mixed_precision (bool): run the biLM under autocast: float16 on a GPU; on a CPU, bf16 for predictions (CPUs
