@@ -1,5 +1,6 @@
-"""The README's code runs as written: every Python block in a fresh interpreter (the published models served by a
-local server with the AllenNLP fixture weights, no network), and every command of its shell blocks exists."""
+"""The README's code runs as written: every Python block in a namespace of its own, in a fresh interpreter (the
+published models served by a local server with the AllenNLP fixture weights, no network), and every command of its
+shell blocks exists."""
 
 from __future__ import annotations
 
