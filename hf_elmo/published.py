@@ -13,7 +13,6 @@ the URLs and `elmo convert`. `ELMO_PUBLISHED_ENDPOINT` replaces AllenNLP's base 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -26,6 +25,7 @@ from huggingface_hub import constants
 from huggingface_hub.constants import is_offline_mode
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import hf_raise_for_status, http_backoff
+from huggingface_hub.utils.sha import sha_fileobj
 from tqdm.auto import tqdm
 
 ENDPOINT = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
@@ -148,10 +148,13 @@ def _download(url: str, path: Path, label: str, sha256: str | None, progress: bo
                                       "removed; run the command again") from None
         raise PublishedModelError(f"cannot download {url}: {message} (run the command again to resume, "
                                   f"{by_hand})") from None
-    if sha256 is not None and _sha256(incomplete) != sha256:
-        incomplete.unlink()
-        raise PublishedModelError(f"{url} downloaded with the wrong SHA-256 (expected {sha256}): the file was "
-                                  "removed; run the command again")
+    if sha256 is not None:
+        with incomplete.open("rb") as stream:
+            actual = sha_fileobj(stream).hex()
+        if actual != sha256:
+            incomplete.unlink()
+            raise PublishedModelError(f"{url} downloaded with the wrong SHA-256 ({actual}, expected {sha256}): the "
+                                      "file was removed; run the command again")
     incomplete.replace(path)
     return path
 
@@ -185,11 +188,3 @@ def _convert(name: str, model: PublishedModel, options: Path, weights: Path, con
                                   "removed; run the command again to download it afresh") from None
     shutil.rmtree(converted, ignore_errors=True)  # a directory left by an older, interrupted version
     staging.replace(converted)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
