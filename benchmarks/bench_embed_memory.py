@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ import time
 from pathlib import Path
 
 from bench_training import random_corpus
+
+from hf_elmo.kernels import cpu_name
 
 
 def write_corpus(path: Path, n_tokens: int, seed: int = 0, one_line: bool = False) -> int:
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--max-sentence-words", type=int, nargs="+", default=[1000],
                         help="windows of longer lines (several: one run each)")
     args = parser.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; model {args.model}; "
+    print(f"machine: {cpu_name()}, {os.cpu_count()} CPUs; model {args.model}; "
           f"--layers {args.layers}; {args.threads} threads")
     print(f"{'tokens':>10} {'lines':>8} {'window':>10} {'seconds':>9} {'tokens/s':>9} {'peak RSS MB':>12} "
           f"{'output MB':>10}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 from bench_embed_memory import write_corpus
+
+from hf_elmo.kernels import cpu_name
 
 
 def embed(model: str, input_file: Path, output_file: Path, processes: int, threads: int) -> float:
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=os.cpu_count(), help="threads of the one-process run")
     parser.add_argument("--processes", type=int, nargs="+", default=[2])
     args = parser.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; model {args.model}; "
+    print(f"machine: {cpu_name()}, {os.cpu_count()} CPUs; model {args.model}; "
           f"{args.tokens:,} words; {args.cores} cores in every run")
     with tempfile.TemporaryDirectory() as folder:
         input_file = Path(folder) / "input.txt"

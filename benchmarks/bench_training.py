@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import string
@@ -28,7 +27,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM
-from hf_elmo.kernels import ElmoKernelOptions, linear, native_bf16_cpu
+from hf_elmo.kernels import ElmoKernelOptions, cpu_name, linear, native_bf16_cpu
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary, encode_batch, group_by_length, split_line
 
 
@@ -144,7 +143,7 @@ def main() -> None:
         "step_gflops_per_second": round(statistics.median(flop_rates) / 1e9, 1),
         "matmul_peak_gflops_per_second": {name: round(rate / 1e9, 1) for name, rate in peaks.items()},
         "fraction_of_matmul_peak": round(statistics.median(flop_rates) / peak, 3),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "native_bf16": native_bf16_cpu(),
         "load_average": os.getloadavg()[0],
     }))

@@ -11,8 +11,10 @@ Phases, each job a fresh process under its own time limit (one slow job cannot e
   float32, bf16 and fp16, and the median latency of one 24-word sentence;
 - `spacy`: `spacy train` (`--gpu-id 0`) of the shipped NER config with ELMo, with `mixed_precision = true`, and
   without ELMo (`init-config --elmo none`), and of the textcat config with and without ELMo: steps/s (evaluation
-  left out), training words/s, the dev score, peak GPU memory, GPU utilisation (NVML / `nvidia-smi`, sampled every
-  0.2 s), the warnings printed during the steps, and the trained pipeline's `nlp.pipe` words/s on the dev set;
+  left out), training words/s, the host ms per step of each stage (the biLM, the ELMo mixes, the task's features,
+  the rest; `bench_spacy_train.py`) in steps where the biLM read Docs and in steps served by its cache, the dev
+  score, peak GPU memory, GPU utilisation (NVML / `nvidia-smi`, sampled every 0.2 s), the warnings printed during
+  the steps, and the trained pipeline's `nlp.pipe` words/s on the dev set;
 - `pretrain`: `elmo pretrain` of the default and the small architecture with their GPU recipes' batch sizes, loader
   workers and bf16, on Penn Treebank: tokens/s (the log's, after the first window), peak memory, warnings, and a
   second command that resumes from the checkpoint and goes on.
@@ -28,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -44,7 +45,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 CONLL = DATA / "conll2003" / "iob2"
-SST5 = DATA / "sst5"
 PTB = DATA / "ptb"
 # A tiny biLM for the CPU form of the pretraining phase.
 TOY_ARCHITECTURE = {"char_embedding_dim": 4, "filters": [[1, 8], [2, 8]], "n_highway": 1, "lstm_dim": 32,
@@ -184,9 +184,13 @@ def headline(phase: str, result: dict) -> str:
         return f"words/s: {rates}; one sentence: {latency}"
     if phase == "spacy":
         score = next(f"{key[4:]} {value}" for key, value in result.items() if key.startswith("dev_"))
+        stages = "".join(
+            f"; {kind} steps {result[key]['step']} ms, ELMo {result[key]['elmo'] + result[key]['elmo mixes']:.1f} "
+            f"ms of it" for kind, key in (("biLM-reading", "ms_per_step_reading"), ("cached", "ms_per_step_cached"))
+            if key in result)
         return (f"{result['steps_per_second']} steps/s, {result['training_words_per_second']:,} words/s, dev {score}, "
                 f"{result['warnings_per_step']} warnings/step, pipeline {result['pipeline_words_per_second_dev']:,} "
-                f"words/s{utilisation}")
+                f"words/s{stages}{utilisation}")
     return (f"{result['tokens_per_second']:,} tokens/s ({result['mixed_precision']}, batches of "
             f"{result['batch_tokens']:,}, {result['num_workers']} workers), resume "
             f"{'ok' if result['resume_ok'] else 'FAILED'}, {result['warnings_total']} warnings{utilisation}")
@@ -223,6 +227,8 @@ def main() -> None:
         return worker(args.worker)
     import torch
 
+    from hf_elmo.kernels import cpu_name
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
@@ -233,7 +239,7 @@ def main() -> None:
     work.mkdir()
     log = args.out / "gpu_check.log"
     log.write_text("", encoding="utf-8")
-    cpu = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    cpu = f"CPU ({cpu_name()}, {os.cpu_count()} cores)"
     name = torch.cuda.get_device_name(0) if device == "cuda" else cpu
     report = {"device": name, "sizes": "toy (CPU)" if sizes.toy else "quick" if args.quick else "full",
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": versions(), "phases": {}}
@@ -416,74 +422,30 @@ def worker_inference(device: str, sizes: Sizes, work: Path) -> dict:
     return {**result, **peak_memory(device)}
 
 
-def spacy_data(task: str, sizes: Sizes, work: Path) -> tuple[Path, Path]:
-    """The task's train and dev .spacy files (CoNLL-2003 NER, SST-5 sentences), converted once per check."""
-    from spacy.vocab import Vocab
-
-    from spacy_elmo.corpora import read_conll2003, read_sst5, write_docbin
-
-    paths = work / f"{task}-train.spacy", work / f"{task}-dev.spacy"
-    if not all(path.exists() for path in paths):
-        if task == "ner":
-            sources = [read_conll2003(CONLL / "train.txt", Vocab()), read_conll2003(CONLL / "valid.txt", Vocab())]
-        else:
-            sources = [read_sst5(SST5 / "train.tsv", Vocab()), read_sst5(SST5 / "dev.tsv", Vocab())]
-        for docs, path, limit in zip(sources, paths, (sizes.spacy_train_docs, sizes.spacy_dev_docs)):
-            write_docbin(docs, path, limit)
-    return paths
-
-
 def worker_spacy(task: str, elmo: str, device: str, sizes: Sizes, work: Path) -> dict:
     import spacy
-    from spacy.cli.train import train
+    from bench_spacy_train import MAIN_SCORES, StageTimer, train_and_time
     from spacy.tokens import DocBin
     from thinc.api import require_gpu
 
-    from spacy_elmo.cli import make_config
-
-    step_ends, evaluations = [], []  # when each step ended; what each evaluation said, and after which step
-
-    def step_timer():
-        def setup(nlp, stdout=sys.stdout, stderr=sys.stderr):
-            def log_step(info: dict | None) -> None:
-                step_ends.append(time.perf_counter())
-                if info is not None:
-                    evaluations.append({**info, "at": len(step_ends) - 1})
-            return log_step, lambda: None
-        return setup
-
-    spacy.registry.loggers.register("gpu_check.StepTimer.v1", func=step_timer)
-    train_path, dev_path = spacy_data(task, sizes, work)
-    config = make_config(task, elmo="none" if elmo == "none" else None)
-    config["training"]["logger"] = {"@loggers": "gpu_check.StepTimer.v1"}
-    config["training"].update(max_steps=sizes.spacy_steps, eval_frequency=sizes.spacy_steps, max_epochs=0)
-    if elmo == "elmo-mixed":
-        config["components"]["elmo"]["model"]["mixed_precision"] = True
-    if sizes.spacy_batch_words:
-        config["training"]["batcher"]["size"] = sizes.spacy_batch_words
-    config_path = work / f"{task}-{elmo}.cfg"
-    config.to_disk(config_path)
-    output = work / f"{task}-{elmo}"
-    with counted_warnings(lambda: "steps | " if step_ends else "set-up | ") as caught:
-        train(config_path, output, use_gpu=0 if device == "cuda" else -1,
-              overrides={"paths.train": str(train_path), "paths.dev": str(dev_path)})
+    timer = StageTimer()  # host times: the steps run as in any training, never waiting for the device
+    with counted_warnings(lambda: "steps | " if timer.steps else "set-up | ") as caught:
+        pipeline, dev_path = train_and_time(
+            task, elmo != "none", work, timer, steps=sizes.spacy_steps, gpu_id=0 if device == "cuda" else -1,
+            mixed_precision=elmo == "elmo-mixed", batch_words=sizes.spacy_batch_words,
+            train_docs=sizes.spacy_train_docs, dev_docs=sizes.spacy_dev_docs)
     in_steps = sum(n for key, n in caught.items() if key.startswith("steps"))
-    evaluated = {e["at"] for e in evaluations}
-    warm_up = 1 if sizes.toy else max(2, len(step_ends) // 10)
-    intervals = [step_ends[i] - step_ends[i - 1] for i in range(warm_up + 1, len(step_ends)) if i not in evaluated]
-    steps_per_second = len(intervals) / sum(intervals) if intervals else None
-    last = evaluations[-1]
-    main_score = {"ner": "ents_f", "textcat": "cats_macro_f"}[task]
+    last = timer.evaluations[-1]
+    main_score = MAIN_SCORES[task]
     if device == "cuda":
         require_gpu(0)
-    nlp = spacy.load(output / "model-last")
+    nlp = spacy.load(pipeline)
     texts = [doc.text for doc in DocBin().from_disk(dev_path).get_docs(nlp.vocab)]
     list(nlp.pipe(texts[:32]))  # warm-up
     start = time.perf_counter()
     n_words = sum(len(doc) for doc in nlp.pipe(texts, batch_size=128))
     pipe_seconds = time.perf_counter() - start
-    return {"steps": last["step"], "steps_per_second": steps_per_second and round(steps_per_second, 2),
-            "training_words_per_second": steps_per_second and round(steps_per_second * last["words"] / last["step"]),
+    return {"steps": last["step"], **timer.summary(warm_up=1 if sizes.toy else max(2, sizes.spacy_steps // 10)),
             f"dev_{main_score}": round(100 * last["other_scores"].get(main_score, 0.0), 2),
             "warnings_in_steps": in_steps, "warnings_per_step": round(in_steps / max(last["step"], 1), 3),
             "warnings": dict(caught), "pipeline_words_per_second_dev": round(n_words / pipe_seconds),

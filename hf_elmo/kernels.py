@@ -20,6 +20,7 @@ model that clips (opt-in: `fused_lstm="always"`) and the bf16 mode (opt-in: the 
 
 from __future__ import annotations
 
+import platform
 import threading
 import warnings
 import weakref
@@ -126,6 +127,11 @@ def _cpuinfo_field(name: str) -> str:
             return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.split(":")[0].strip() == name), "")
     except OSError:
         return ""
+
+
+def cpu_name() -> str:
+    """The CPU's model name as `lscpu` shows it (/proc/cpuinfo), else the platform's processor or machine."""
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 @cache

@@ -70,6 +70,24 @@ def test_bench_data_prints_the_tokens_per_second_of_each_worker_count():
     assert all(r["tokens_per_second"] > 0 and r["per_worker"] == r["tokens_per_second"] for r in figures["results"])
 
 
+def test_bench_spacy_train_times_the_stages_of_each_step_with_and_without_elmo(tmp_path):
+    """Six short CoNLL documents in batches of 400 words: the first epoch's steps read Docs with the biLM, the later
+    ones take its cache; without ELMo there is no biLM stage and the same batches."""
+    output = run_python(REPO / "benchmarks" / "bench_spacy_train.py", "--steps", 12, "--train-docs", 6,
+                        "--batch-words", 400, "--warm-up", 1, "--work", tmp_path)
+    figures = json.loads(output.strip().splitlines()[-1])
+    elmo, none = figures["elmo"], figures["none"]
+    reading, cached = elmo["ms_per_step_reading"], elmo["ms_per_step_cached"]
+    assert reading["steps"] + cached["steps"] == elmo["timed_steps"] == 11 and reading["steps"] >= 2
+    assert reading["elmo"] > 10 * cached["elmo"] and reading["elmo mixes"] > 0 and cached["elmo mixes"] > 0
+    assert "ms_per_step_reading" not in none and none["ms_per_step_cached"]["steps"] == 11
+    assert none["ms_per_step_cached"]["elmo"] == none["ms_per_step_cached"]["elmo mixes"] == 0
+    for stages in (reading, cached, none["ms_per_step_cached"]):
+        assert stages["task features"] > 0 and stages["rest"] > 0  # rest: the step less the stages in it
+    assert elmo["words_per_step"] == none["words_per_step"] > 0  # the same batches both ways
+    assert figures["step_ratio_cached"] > 0 and figures["step_ratio_reading"] > figures["step_ratio_cached"]
+
+
 def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_path):
     """`benchmarks/gpu_check.py` without CUDA: the same jobs at toy sizes, each in its own process, all ok, with the
     figures the GPU report gives (one job of each kind: the spaCy jobs differ only in their configs, which
@@ -98,6 +116,9 @@ def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_p
         run = jobs[f"spacy/{name}"]
         assert run["steps"] == 4 and run["steps_per_second"] > 0 and run["warnings_in_steps"] == 0
         assert run["pipeline_words_per_second_dev"] > 0 and any(key.startswith("dev_") for key in run)
+        timed = [run[key] for key in ("ms_per_step_reading", "ms_per_step_cached") if key in run]
+        assert sum(stages["steps"] for stages in timed) == 3 and run["ms_per_step_reading"]["elmo"] > 0
+        assert all(stages["elmo mixes"] > 0 and stages["rest"] > 0 for stages in timed)
     for recipe in ("english_default_gpu",):
         run = jobs[f"pretrain/{recipe}"]
         assert run["resume_ok"] and run["steps_after_resume"] == [6] and run["tokens_per_second"] > 0

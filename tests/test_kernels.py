@@ -46,6 +46,19 @@ def test_float32_matmuls_choose_mkl_on_intel_cpus_and_onednn_elsewhere(monkeypat
     kernels.intel_cpu.cache_clear()
 
 
+def test_cpu_name_is_lscpus_model_name_else_the_platforms(monkeypatch):
+    """What the benchmarks print as the machine: /proc/cpuinfo's model name (platform.processor() is empty on
+    Linux), else the platform's."""
+    import platform
+
+    from hf_elmo import kernels
+
+    monkeypatch.setattr(kernels, "_cpuinfo_field", lambda name: "AMD EPYC 9R45" if name == "model name" else "")
+    assert kernels.cpu_name() == "AMD EPYC 9R45"
+    monkeypatch.setattr(kernels, "_cpuinfo_field", lambda name: "")
+    assert kernels.cpu_name() == (platform.processor() or platform.machine()) != ""
+
+
 def test_kernel_options_are_validated():
     for field, value, message in [("fused_lstm", "cudnn", "'auto', 'always' or 'never'"),
                                   ("char_cnn_chunk", 0, "char_cnn_chunk must be an integer >= 1"),
