@@ -9,6 +9,8 @@ Phases, each job a fresh process under its own time limit (one slow job cannot e
   autocast from float32 (max abs difference and minimum row cosine per layer) on CoNLL-2003 dev sentences;
 - `inference`: the default model over CoNLL-2003 dev sentences tokenized beforehand, words/s at batch 1 / 32 / 256 in
   float32, bf16 and fp16, and the median latency of one 24-word sentence;
+- `embed`: `elmo embed --device cuda` of the same sentences into .npy and .hdf5, float32 and `--bf16`: seconds and
+  words/s of each command (the model's loading included), its warnings, and the bf16 output's drift;
 - `spacy`: `spacy train` (`--gpu-id 0`) of the shipped NER config with ELMo, with `mixed_precision = true`, and
   without ELMo (`init-config --elmo none`), and of the textcat config with and without ELMo: steps/s (evaluation
   left out), training words/s, the host ms per step of each stage (the biLM, the ELMo mixes, the task's features,
@@ -153,14 +155,15 @@ def run_job(name: str, args: list[str], limit: float, work: Path, log: Path) -> 
 
 
 def jobs(sizes: Sizes, device: str) -> dict[str, list[tuple[str, list[str], float]]]:
-    """Per phase its jobs: (name, worker arguments, time limit in seconds); the limits add up to 7.4 minutes."""
+    """Per phase its jobs: (name, worker arguments, time limit in seconds); the limits add up to 7.8 minutes."""
     common = ["--device", device, "--sizes", json.dumps(sizes.__dict__)]
-    spacy_runs = [("ner", "elmo", 75), ("ner", "elmo-mixed", 75), ("ner", "none", 35), ("textcat", "elmo", 45),
+    spacy_runs = [("ner", "elmo", 70), ("ner", "elmo-mixed", 70), ("ner", "none", 35), ("textcat", "elmo", 40),
                   ("textcat", "none", 25)]
     return {
         "tests": [("tests", ["tests", *common], 45)],
         "parity": [("parity", ["parity", *common], 30)],
         "inference": [("inference", ["inference", *common], 45)],
+        "embed": [("embed", ["embed", *common], 35)],
         "spacy": [(f"spacy/{task}-{elmo}", ["spacy", task, elmo, *common], limit) for task, elmo, limit in spacy_runs],
         "pretrain": [(f"pretrain/{recipe}", ["pretrain", recipe, *common], 40)
                      for recipe in ("english_default_gpu", "english_small")],
@@ -182,6 +185,10 @@ def headline(phase: str, result: dict) -> str:
         rates = ", ".join(f"{key} {value:,}" for key, value in result["words_per_second"].items())
         latency = ", ".join(f"{key} {value} ms" for key, value in result["latency_ms_24_words"].items())
         return f"words/s: {rates}; one sentence: {latency}"
+    if phase == "embed":
+        rates = ", ".join(f"{key} {value['words_per_second']:,}" for key, value in result["commands"].items())
+        return (f"words/s (loading included): {rates}; bf16 max abs {result['bf16_max_abs']:.2g}, "
+                f"{result['warnings_total']} warnings")
     if phase == "spacy":
         score = next(f"{key[4:]} {value}" for key, value in result.items() if key.startswith("dev_"))
         stages = "".join(
@@ -219,7 +226,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="half the spaCy and pretraining steps")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check"))
-    parser.add_argument("--phases", default="tests,parity,inference,spacy,pretrain",
+    parser.add_argument("--phases", default="tests,parity,inference,embed,spacy,pretrain",
                         help="phases, or single jobs by name (e.g. spacy/ner-elmo,pretrain/english_small)")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -422,6 +429,40 @@ def worker_inference(device: str, sizes: Sizes, work: Path) -> dict:
     return {**result, **peak_memory(device)}
 
 
+def worker_embed(device: str, sizes: Sizes, work: Path) -> dict:
+    """`elmo embed` (the CLI, in this process) of CoNLL-2003 dev sentences, one per line, into .npy and .hdf5, in
+    float32 and with `--bf16`: seconds per command (the model's loading included), words/s, warnings, and the
+    bf16 output's distance from float32's."""
+    import numpy as np
+
+    from hf_elmo.cli import app
+
+    sentences = conll_sentences("valid", sizes.inference_sentences)
+    source = work / "conll-dev.txt"
+    source.write_text("".join(" ".join(words) + "\n" for words in sentences), encoding="utf-8")
+    words = sum(map(len, sentences))
+    result: dict = {"sentences": len(sentences), "words": words, "commands": {}}
+    with counted_warnings() as caught:
+        for precision in ("float32", "bf16"):
+            for suffix in (".npy", ".hdf5"):
+                output = work / f"embed-{precision}{suffix}"
+                command = ["embed", "default", str(source), str(output), "--tokenized", "--layers", "all",
+                           "--device", device, "--quiet", *(["--bf16"] if precision == "bf16" else [])]
+                before = sum(caught.values())
+                start = time.perf_counter()
+                app(command, standalone_mode=False)
+                seconds = time.perf_counter() - start
+                result["commands"][f"{precision} {suffix}"] = {
+                    "seconds": round(seconds, 2), "words_per_second": round(words / seconds),
+                    "warnings": sum(caught.values()) - before, "bytes": output.stat().st_size}
+    exact, low = np.load(work / "embed-float32.npy"), np.load(work / "embed-bf16.npy")
+    rows = exact.reshape(-1, exact.shape[-1]), low.reshape(-1, low.shape[-1])
+    cosine = (rows[0] * rows[1]).sum(-1) / (np.linalg.norm(rows[0], axis=-1) * np.linalg.norm(rows[1], axis=-1))
+    return {**result, "shape": list(exact.shape), "finite": bool(np.isfinite(exact).all() and np.isfinite(low).all()),
+            "bf16_max_abs": float(np.abs(exact - low).max()), "bf16_min_row_cosine": float(cosine.min()),
+            "warnings": dict(caught), "warnings_total": sum(caught.values()), **peak_memory(device)}
+
+
 def worker_spacy(task: str, elmo: str, device: str, sizes: Sizes, work: Path) -> dict:
     import spacy
     from bench_spacy_train import MAIN_SCORES, StageTimer, train_and_time
@@ -504,8 +545,8 @@ def worker(argv: list[str]) -> None:
     parser.add_argument("--result", type=Path, required=True)
     args = parser.parse_args(argv)
     sizes = Sizes(**{**json.loads(args.sizes), "batch_sizes": tuple(json.loads(args.sizes)["batch_sizes"])})
-    phases = {"tests": worker_tests, "parity": worker_parity, "inference": worker_inference, "spacy": worker_spacy,
-              "pretrain": worker_pretrain}
+    phases = {"tests": worker_tests, "parity": worker_parity, "inference": worker_inference, "embed": worker_embed,
+              "spacy": worker_spacy, "pretrain": worker_pretrain}
     result = phases[args.phase](*args.names, device=args.device, sizes=sizes, work=args.work)
     args.result.write_text(json.dumps(result), encoding="utf-8")
 

@@ -7,6 +7,8 @@ import json
 import pytest
 from spacy_fixtures import REPO, run_python
 
+from hf_elmo.kernels import native_bf16_cpu
+
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
 TINY = '{"lstm_dim": 32, "projection_dim": 16, "filters": [[1, 8], [2, 8]], "char_embedding_dim": 4}'
@@ -93,14 +95,14 @@ def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_p
     figures the GPU report gives (one job of each kind: the spaCy jobs differ only in their configs, which
     test_spacy_configs.py builds for every placement and test_spacy_train_command.py trains; the pretraining jobs
     only in their recipes, which test_training.py parses)."""
-    phases = "tests,parity,inference,spacy/ner-elmo-mixed,spacy/textcat-elmo,pretrain/english_default_gpu"
+    phases = "tests,parity,inference,embed,spacy/ner-elmo-mixed,spacy/textcat-elmo,pretrain/english_default_gpu"
     output = run_python(REPO / "benchmarks" / "gpu_check.py", "--device", "cpu", "--out", tmp_path, "--phases",
                         phases, timeout=600)
     assert "all jobs ok" in output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     jobs = {result["job"]: result for results in report["phases"].values() for result in results}
-    assert list(report["phases"]) == ["tests", "parity", "inference", "spacy", "pretrain"]
+    assert list(report["phases"]) == ["tests", "parity", "inference", "embed", "spacy", "pretrain"]
     assert all(result["status"] == "ok" for result in jobs.values())
     assert jobs["tests"]["failures"] == jobs["tests"]["errors"] == 0 and jobs["tests"]["skipped"] >= 8
     parity = jobs["parity"]
@@ -110,8 +112,16 @@ def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_p
     assert set(rates) == {"float32, batch 1", "float32, batch 8", "bf16, batch 1", "bf16, batch 8"}
     assert all(rate > 0 for rate in rates.values()) and set(jobs["inference"]["latency_ms_24_words"]) == {
         "float32", "bf16"}
-    assert sorted(jobs) == sorted(["tests", "parity", "inference", "spacy/ner-elmo-mixed", "spacy/textcat-elmo",
-                                   "pretrain/english_default_gpu"])
+    assert sorted(jobs) == sorted(["tests", "parity", "inference", "embed", "spacy/ner-elmo-mixed",
+                                   "spacy/textcat-elmo", "pretrain/english_default_gpu"])
+    embed = jobs["embed"]  # `elmo embed` of the 16 sentences, 440 words: (words, layers, width), no warning but
+    assert embed["shape"] == [embed["words"], 3, 512] and embed["finite"]  # the one where bf16 is emulated
+    assert all("no native bf16" in warning for warning in embed["warnings"]) and (
+        embed["warnings_total"] == 0 or not native_bf16_cpu())
+    assert sorted(embed["commands"]) == ["bf16 .hdf5", "bf16 .npy", "float32 .hdf5", "float32 .npy"]
+    assert all(command["words_per_second"] > 0 and command["bytes"] > 4 * 3 * 512 * embed["words"]
+               for command in embed["commands"].values())
+    assert 0 < embed["bf16_max_abs"] < 0.2 and embed["bf16_min_row_cosine"] > 0.999
     for name in ("ner-elmo-mixed", "textcat-elmo"):
         run = jobs[f"spacy/{name}"]
         assert run["steps"] == 4 and run["steps_per_second"] > 0 and run["warnings_in_steps"] == 0
