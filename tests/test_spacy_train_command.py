@@ -253,3 +253,52 @@ def test_mix_weights_cli_reads_every_task_mix(trained, tmp_path):
         weights = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
         assert [float(value) for value in line.split()[2:]] == pytest.approx([*weights, gamma[0]], abs=1e-3)
     assert (tmp_path / "weights.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+GPU_TRAINING_SCRIPT = """
+import sys, warnings
+import numpy as np, spacy
+from spacy.training import Example
+from thinc.api import Adam, fix_random_seed
+from spacy_elmo.cli import make_config
+
+SENTENCES = [("Peter Blackburn flew from Brussels to London .", [(0, 15, "PER"), (26, 34, "LOC"), (38, 44, "LOC")]),
+             ("The European Commission said on Thursday it disagreed .", [(4, 23, "ORG")]),
+             ("Germany 's representative to the EU , Werner Zwingmann , said", [(0, 7, "LOC"), (33, 35, "ORG"),
+                                                                             (38, 54, "PER")])]
+figures = {}
+for device in sys.argv[2].split(","):
+    if device == "gpu":
+        spacy.require_gpu(0)
+    fix_random_seed(0)
+    config = make_config(sys.argv[3])  # the default biLM: no clipping, so cuDNN's LSTM on a GPU
+    tok2vec = config["components"]["ner"]["model"]["tok2vec"]
+    tok2vec["width"], tok2vec["embed"]["width"], tok2vec["elmo"]["project_to"] = 32, 16, 32
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True)
+    examples = [Example.from_dict(nlp.make_doc(text), {"entities": ents}) for text, ents in SENTENCES]
+    nlp.initialize(lambda: examples)
+    optimizer, losses = Adam(0.01), []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at any step, from this project or its dependencies
+        for _ in range(6):
+            step = {}
+            nlp.update(examples, sgd=optimizer, losses=step)
+            losses.append(step["ner"])
+    mix = next(node for node in nlp.get_pipe("ner").model.walk() if node.name == "elmo_scalar_mix")
+    figures[f"{device}-losses"] = np.array(losses)
+    figures[f"{device}-mix"] = np.concatenate([mix.ops.to_numpy(mix.get_param(name)) for name in ("s", "gamma")])
+np.savez(sys.argv[1], **figures)
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_steps_on_a_gpu_match_the_cpus_and_warn_nothing(tmp_path):
+    """`nlp.update` of the shipped NER config (the default biLM, frozen, through cuDNN) under `spacy.require_gpu()`:
+    the losses and the trained mix of six steps are the CPU's to float rounding, and no step warns."""
+    run_python(GPU_TRAINING_SCRIPT, tmp_path / "figures.npz", "cpu,gpu", "ner")
+    figures = np.load(tmp_path / "figures.npz")
+    for device in ("cpu", "gpu"):
+        assert figures[f"{device}-losses"][-1] < 0.5 * figures[f"{device}-losses"][0]  # it trains
+    np.testing.assert_allclose(figures["gpu-losses"], figures["cpu-losses"], rtol=2e-3, atol=1e-3)
+    np.testing.assert_allclose(figures["gpu-mix"], figures["cpu-mix"], rtol=2e-3, atol=1e-4)
