@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from collections import Counter
 
@@ -23,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hf_elmo import ElmoCharTokenizer
+from hf_elmo.kernels import cpu_name
 from hf_elmo.text import expand_files, get_word_tokenizer, read_lines
 from hf_elmo.training import DataPosition, LMBatches, WordVocabulary
 
@@ -60,7 +60,7 @@ def main() -> None:
     vocabulary = WordVocabulary.from_counts(counts, max_size=args.vocab_size)
     data = LMBatches(files, word_tokenizer, vocabulary, ElmoCharTokenizer(), batch_tokens=args.batch_tokens,
                      max_words=100, block_lines=args.block_lines)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}; word tokenizer "
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cpus, torch {torch.__version__}; word tokenizer "
           f"{args.word_tokenizer}, batches of {args.batch_tokens:,} padded positions, {args.batches} batches")
     print(f"{'workers':>7} {'tokens/s':>10} {'per worker':>10} {'for 1M/s':>8}")
     results = []

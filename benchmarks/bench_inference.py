@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import string
@@ -37,7 +36,7 @@ from transformers.utils import logging as hf_logging
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel, load_model
 from hf_elmo.convert import export_hdf5
-from hf_elmo.kernels import onednn_available
+from hf_elmo.kernels import cpu_name, onednn_available
 
 WORKER = Path(__file__).with_name("allennlp_worker.py")
 
@@ -115,7 +114,7 @@ def main() -> None:
     n_tokens = args.sentences * args.length
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         f"float32 matmuls: {'oneDNN' if options.uses_onednn() and onednn_available() else 'F.linear (MKL)'}")
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
+    print(f"machine: {cpu_name()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
           f"{where}{'; this project under bf16 autocast' if args.bf16 else ''}")
     if not args.allennlp_python:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import platform
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ from bench_inference import random_sentences, run_allennlp  # benchmarks/ (the s
 from transformers.utils import logging as hf_logging
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel
+from hf_elmo.kernels import cpu_name
 from hf_elmo.modeling_elmo import ElmoLstmLayer
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     tokenizer = ElmoCharTokenizer()
     single = dict(tokenizer([random_sentences(1, 20, seed=1)[0]], is_split_into_words=True, return_tensors="pt"))
-    print(f"machine: {platform.machine()}, torch {torch.__version__}, {args.threads} threads; one 20-word sentence; "
+    print(f"machine: {cpu_name()}, torch {torch.__version__}, {args.threads} threads; one 20-word sentence; "
           f"{args.calls} alternated calls of each; ms: median (25th percentile)")
     print(f"{'preset':<9} {'as is':>15} {'no gate math':>15}" + (
         f" {'AllenNLP ms':>11} {'ratio as is':>11} {'ratio bound':>11}" if args.allennlp_python else ""))

@@ -15,13 +15,12 @@ streaming read rate (sum of a 1 GiB tensor) and its 2048² matmul peaks (`bench_
 from __future__ import annotations
 
 import argparse
-import platform
 
 import torch
 from bench_training import best_seconds, matmul_flops_per_second  # benchmarks/ (the script's directory)
 
 from hf_elmo import ElmoConfig, ElmoInferenceCache, ElmoKernelOptions
-from hf_elmo.kernels import both_directions, packed_lstm_weights
+from hf_elmo.kernels import both_directions, cpu_name, packed_lstm_weights
 from hf_elmo.modeling_elmo import ElmoLstmLayer
 
 
@@ -73,7 +72,7 @@ def main() -> None:
 
     peaks = matmul_flops_per_second(args.peak_size)
     read = read_bytes_per_second(args.read_mib, args.repeats)
-    print(f"machine: {platform.machine()}, torch {torch.__version__}, {args.threads} threads; streaming read "
+    print(f"machine: {cpu_name()}, torch {torch.__version__}, {args.threads} threads; streaming read "
           f"{read / 1e9:.1f} GB/s; {args.peak_size}² matmul peaks: float32 "
           f"{peaks['mkl'] / 1e9:.0f} GFLOP/s (MKL), {peaks['onednn'] / 1e9:.0f} (oneDNN), "
           f"bf16 {peaks['bf16'] / 1e9:.0f}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import statistics
 import string
@@ -25,6 +24,7 @@ import torch
 from spacy.training import Example
 from transformers.utils import logging as hf_logging
 
+from hf_elmo.kernels import cpu_name
 from spacy_elmo.weights import random_bilm
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
     texts = random_texts(args.words)
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}, spaCy {spacy.__version__}, "
+    print(f"machine: {cpu_name()} {os.cpu_count()} cpus, torch {torch.__version__}, spaCy {spacy.__version__}, "
           f"{args.threads} threads; {len(texts)} docs x 60 words, nlp.pipe batch_size {args.batch_size}"
           f"{'; mixed_precision' if args.mixed_precision else ''}")
     print(f"{'preset':<9} {'words/s':>8} {'+ sentencizer':>13} {'bytes/token f32':>15} {'f16':>6}")

@@ -36,6 +36,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -241,9 +242,8 @@ def main() -> None:
         parser.error("--device cuda: torch sees no CUDA device")
     sizes = CPU_TOY if device == "cpu" else GPU_QUICK if args.quick else GPU
     args.out.mkdir(parents=True, exist_ok=True)
-    work = args.out / "gpu_check-work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    # The jobs' data, pipelines and outputs (GBs on a GPU) stay out of --out, which holds the report alone.
+    work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
     log = args.out / "gpu_check.log"
     log.write_text("", encoding="utf-8")
     cpu = f"CPU ({cpu_name()}, {os.cpu_count()} cores)"
@@ -252,18 +252,20 @@ def main() -> None:
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": versions(), "phases": {}}
     start = time.perf_counter()
     selected = args.phases.split(",")
-    for phase, phase_jobs in jobs(sizes, device).items():
-        phase_jobs = [job for job in phase_jobs if phase in selected or job[0] in selected]
-        if not phase_jobs:
-            continue
-        report["phases"][phase] = []
-        for job_name, job_args, limit in phase_jobs:
-            result = run_job(job_name, [*job_args, "--work", str(work)], limit, work, log)
-            report["phases"][phase].append(result)
-            print(f"{job_name}: {result['status']} ({result['wall_seconds']} s)", flush=True)
-            report["wall_seconds"] = time.perf_counter() - start
-            write_report(report, args.out)  # as it goes: a killed run leaves what it measured
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        for phase, phase_jobs in jobs(sizes, device).items():
+            phase_jobs = [job for job in phase_jobs if phase in selected or job[0] in selected]
+            if not phase_jobs:
+                continue
+            report["phases"][phase] = []
+            for job_name, job_args, limit in phase_jobs:
+                result = run_job(job_name, [*job_args, "--work", str(work)], limit, work, log)
+                report["phases"][phase].append(result)
+                print(f"{job_name}: {result['status']} ({result['wall_seconds']} s)", flush=True)
+                report["wall_seconds"] = time.perf_counter() - start
+                write_report(report, args.out)  # as it goes: a killed run leaves what it measured
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     report["wall_seconds"] = time.perf_counter() - start
     write_report(report, args.out)
     failed = [r["job"] for results in report["phases"].values() for r in results if r["status"] != "ok"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from itertools import islice
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 
 from hf_elmo import ElmoModel, model_location
 from hf_elmo.embed import ElmoEmbedder
+from hf_elmo.kernels import cpu_name
 from spacy_elmo.corpora import conll_sentences
 
 CONLL = Path(__file__).resolve().parents[3] / "shared" / "data" / "conll2003" / "iob2"
@@ -147,7 +147,7 @@ def main() -> None:
         print("bf16 vs float32, dev words:", json.dumps(difference))
     start = time.perf_counter()
     results = probe_layers(model, train, dev, args.bf16)
-    machine = platform.processor() or platform.machine()
+    machine = cpu_name()
     print(f"model {args.model}{' (bf16 mode)' if args.bf16 else ''}: {len(train)} training / {len(dev)} dev "
           f"sentences of CoNLL-2003, {time.perf_counter() - start:.0f} s on {machine}")
     print(format_table(results))

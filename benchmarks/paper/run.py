@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform
 import random
 import sys
 import time
@@ -34,6 +33,7 @@ from spacy.cli.train import train as spacy_train
 from spacy.tokens import Doc
 from spacy.vocab import Vocab
 
+from hf_elmo.kernels import cpu_name
 from spacy_elmo.cli import elmo_mixes, make_config
 from spacy_elmo.corpora import read_conll2003, read_sst2, read_sst5, write_docbin
 from spacy_elmo.mix_weights import format_mix_weights, mix_weights, plot_mix_weights
@@ -428,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         steps = ", ".join(f"{task} {max_steps(args, task)}" for task in args.tasks)
         budget = (f"model {args.model} (weights {runner.fingerprint}); steps per run {steps}; seeds "
                   f"{args.seeds}, train docs {args.train_docs or 'all'}, dev docs {args.dev_docs or 'all'}; "
-                  f"{platform.processor() or 'CPU'}, {args.threads} threads; {time.perf_counter() - start:.0f} s")
+                  f"{cpu_name()}, {args.threads} threads; {time.perf_counter() - start:.0f} s")
         (args.out / f"{experiment}.md").write_text(f"# {experiment}\n\n{budget}\n\n{table}\n", encoding="utf-8")
         (args.out / f"{experiment}.json").write_text(json.dumps({"budget": budget, "data": data}, indent=1))
         print(f"\n## {experiment}\n{budget}\n{table}\n", flush=True)
