@@ -7,6 +7,8 @@ Runs spaCy's own training loop (`spacy.cli.train.train`) on the shipped config w
 (`init-config --elmo none`), in that order in one process, and times every step (the interval between two calls of
 the training logger; steps that evaluate are left out) and three stages within it:
 - `elmo`: the `elmo` component's update: the frozen biLM over the batch's Docs it has not read yet, else its cache;
+  where the biLM ran, its parts too (`elmo: doc_sentences`, `elmo: sentence_batches`, `elmo: each_batch` with the
+  host's `elmo: char ids` inside it, `elmo: strip_boundaries`, `elmo: to_docs`);
 - `task features`: the task component's `tok2vec`, forward and backward (hash embeddings, the ELMo listeners and
   mixes, the task biLSTM), of which `elmo mixes` is the ELMo branches (listener, scalar mix, dropout, projection);
 - `rest`: the step's remaining time: spaCy's parser or classifier, the optimizer, batching, the loop.
@@ -84,6 +86,13 @@ class StageTimer:
         for _, component in nlp.pipeline:
             if isinstance(component, Elmo):
                 component.update = self.timed("elmo", component.update)
+                # Within it, the biLM layer's own layers (sentences, length batches, each batch through the biLM,
+                # boundaries stripped, per-Doc arrays) and, inside each batch, the character ids made on the host.
+                for layer in component.model.layers:
+                    self.time_layer(layer, f"elmo: {layer.name.removeprefix('elmo_')}")
+                if component.model.has_ref("elmo_torch"):
+                    attrs = component.model.get_ref("elmo_torch").attrs
+                    attrs["convert_inputs"] = self.timed("elmo: char ids", attrs["convert_inputs"])
                 self._count_read_docs(component)
             elif getattr(component, "model", None) is not None and component.model.has_ref("tok2vec"):
                 tok2vec = component.model.get_ref("tok2vec")
@@ -117,6 +126,7 @@ class StageTimer:
     def log_step(self, info: dict | None) -> None:
         now = time.perf_counter()
         stages = {stage: self._stages[stage] for stage in ("elmo", "task features", "elmo mixes")}
+        stages |= {stage: seconds for stage, seconds in self._stages.items() if stage.startswith("elmo: ")}
         self.steps.append({"seconds": now - self._last, "stages": stages, "read_docs": self._read_docs,
                            "words": self._words, "evaluated": info is not None})
         if info is not None:
@@ -145,7 +155,7 @@ class StageTimer:
 
 def stage_medians(steps: list[dict]) -> dict[str, float]:
     """Median ms per step of the whole step and of each stage (`task features` without its `elmo mixes`, `rest`
-    = the step less the stages)."""
+    = the step less the stages; the `elmo: ...` parts of `elmo`, where it ran the biLM)."""
     def median_ms(values) -> float:
         return round(1e3 * statistics.median(values), 2)
 
@@ -157,7 +167,8 @@ def stage_medians(steps: list[dict]) -> dict[str, float]:
         "task features": median_ms(s["task features"] - s["elmo mixes"] for s in stages),
         "rest": median_ms(step["seconds"] - step["stages"]["elmo"] - step["stages"]["task features"]
                           for step in steps),
-    }
+    } | {part: median_ms(s.get(part, 0.0) for s in stages) for part in sorted({key for s in stages for key in s})
+         if part.startswith("elmo: ")}
 
 
 def spacy_data(task: str, work: Path, train_docs: int | None, dev_docs: int | None) -> tuple[Path, Path]:

@@ -82,6 +82,10 @@ def test_bench_spacy_train_times_the_stages_of_each_step_with_and_without_elmo(t
     reading, cached = elmo["ms_per_step_reading"], elmo["ms_per_step_cached"]
     assert reading["steps"] + cached["steps"] == elmo["timed_steps"] == 11 and reading["steps"] >= 2
     assert reading["elmo"] > 10 * cached["elmo"] and reading["elmo mixes"] > 0 and cached["elmo mixes"] > 0
+    parts = {key: ms for key, ms in reading.items() if key.startswith("elmo: ")}  # where the biLM ran, its parts
+    assert set(parts) == {"elmo: doc_sentences", "elmo: sentence_batches", "elmo: each_batch", "elmo: char ids",
+                          "elmo: strip_boundaries", "elmo: to_docs"} and not any(k.startswith("elmo: ") for k in cached)
+    assert 0 < parts["elmo: char ids"] < parts["elmo: each_batch"] < reading["elmo"]  # nested, step by step
     assert "ms_per_step_reading" not in none and none["ms_per_step_cached"]["steps"] == 11
     assert none["ms_per_step_cached"]["elmo"] == none["ms_per_step_cached"]["elmo mixes"] == 0
     for stages in (reading, cached, none["ms_per_step_cached"]):
