@@ -102,16 +102,8 @@ class StageTimer:
                         self.time_layer(node, "elmo mixes")
 
     def _count_read_docs(self, component) -> None:
-        """Count the Docs the `elmo` component's biLM reads: those its frozen cache lacks, else every Doc."""
-        if not component.freeze:
-            update = component.update
-
-            def counted_update(examples, **kwargs):
-                self._read_docs += len(examples)
-                return update(examples, **kwargs)
-
-            component.update = counted_update
-            return
+        """Count the Docs the frozen biLM of the `elmo` component reads: those its cache lacks (the shipped configs
+        freeze it)."""
         layers = component.frozen_cache.layers
 
         def counted_layers(docs, predict):
@@ -178,7 +170,7 @@ def spacy_data(task: str, work: Path, train_docs: int | None, dev_docs: int | No
 
     from spacy_elmo.corpora import read_conll2003, read_sst5, write_docbin
 
-    paths = work / f"{task}-{train_docs}-train.spacy", work / f"{task}-{dev_docs}-dev.spacy"
+    paths = work / f"{task}-{train_docs or 'all'}-train.spacy", work / f"{task}-{dev_docs or 'all'}-dev.spacy"
     if not all(path.exists() for path in paths):
         if task == "ner":
             conll = DATA / "conll2003" / "iob2"
