@@ -323,13 +323,15 @@ def fused_lstm_weights(layer: nn.Module) -> list[dict[str, torch.Tensor]]:
     """Per direction, the parameters of the `nn.LSTM(proj_size=P)` that computes an `ElmoLstmLayer` without its
     clipping: its gates reordered from TensorFlow's (i, j, f, o) to PyTorch's (i, f, g, o), the forget bias added;
     differentiable functions of the layer's weights."""
-    cell = layer.recurrent_weight.shape[1] // 4
-    gates = torch.arange(4 * cell, device=layer.input_weight.device).view(4, cell)[[0, 2, 1, 3]].flatten()
+    def reordered(weight: torch.Tensor) -> torch.Tensor:  # slices, not an index made on the host (a copy to a GPU)
+        i, j, f, o = weight.chunk(4, dim=0)
+        return torch.cat([i, f, j, o])
+
     bias = layer.bias_with_forget_bias()
     states = []
     for d in range(2):
-        state = {"weight_ih_l0": layer.input_weight[d][gates], "weight_hh_l0": layer.recurrent_weight[d][gates],
-                 "bias_ih_l0": bias[d][gates], "bias_hh_l0": torch.zeros_like(bias[d])}
+        state = {"weight_ih_l0": reordered(layer.input_weight[d]), "weight_hh_l0": reordered(layer.recurrent_weight[d]),
+                 "bias_ih_l0": reordered(bias[d]), "bias_hh_l0": torch.zeros_like(bias[d])}
         if layer.projection_weight is not None:
             state["weight_hr_l0"] = layer.projection_weight[d]
         states.append(state)
@@ -447,21 +449,34 @@ class ElmoKernels:
         mask: torch.Tensor,
         lengths: Sequence[int] | None,
         state: tuple[torch.Tensor, torch.Tensor],
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        return_state: bool = True,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """Both directions of `layer` (an `ElmoLstmLayer`) over `inputs` (2, batch, steps, input_dim) in processing
-        order, rows sorted by decreasing length (`lengths` on the host, None when traced; `mask` (batch, steps)).
-        `state` = (h (2, batch, P), c (2, batch, D)). Returns the outputs (2, batch, steps, P), zeros where padded,
-        and each row's state after its last step."""
+        order (`lengths` on the host, None when traced; `mask` (batch, steps)). `state` = (h (2, batch, P),
+        c (2, batch, D)). Returns the outputs (2, batch, steps, P), zeros where padded, and with `return_state` each
+        row's state after its last step.
+
+        The fused recurrence reads the padded rows as they are, unless the final states of rows of different
+        lengths are asked for; then it, like the step loop, needs the rows longest first (packed sequences, the
+        active rows of a step a prefix): rows given in another order are sorted here and put back after."""
         if self.recurrence == "masked":
             return self._masked_recurrence(layer, inputs, mask, state)
-        if self.recurrence == "fused":
-            return self._fused_recurrence(layer, inputs, lengths, state)
-        return self._step_recurrence(layer, inputs, lengths, state)
+        if self.recurrence == "fused" and not (return_state and len(set(lengths)) > 1):
+            return self._padded_fused_recurrence(layer, inputs, mask, lengths, state, return_state)
+        recurrence = self._fused_recurrence if self.recurrence == "fused" else self._step_recurrence
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        if order == list(range(len(lengths))):
+            return recurrence(layer, inputs, lengths, state)
+        rows = host_index(order, inputs.device)
+        output, (h, c) = recurrence(layer, inputs[:, rows], [lengths[i] for i in order],
+                                    (state[0][:, rows], state[1][:, rows]))
+        restore = host_index(np.argsort(order).tolist(), inputs.device)
+        return output[:, restore], (h[:, restore], c[:, restore])
 
     def _step_recurrence(
         self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The step loop: at step t only the `batch_sizes[t]` rows still active are computed (rows are sorted)."""
+        """The step loop over rows longest first: at step t only the `batch_sizes[t]` rows still active are computed."""
         options = self.options
         _, batch, steps, _ = inputs.shape
         batch_sizes = [sum(1 for n in lengths if n > t) for t in range(steps)]
@@ -524,36 +539,83 @@ class ElmoKernels:
             outputs.append(new_h * active)
         return torch.stack(outputs, dim=2), (h, c)
 
+    def _padded_fused_recurrence(
+        self,
+        layer: nn.Module,
+        inputs: torch.Tensor,
+        mask: torch.Tensor,
+        lengths: Sequence[int],
+        state: tuple[torch.Tensor, torch.Tensor],
+        return_state: bool,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """`nn.LSTM` (cuDNN on a GPU) over the padded rows in their order: in processing order every padded position
+        comes after its row's real ones, so it changes no real output (its own outputs are zeroed). No sorting and no
+        packing: nothing is copied from the host, and no kernels per distinct length. The final state is the LSTM's,
+        right when every row has the same length (`lstm` asks for it only then)."""
+        _, batch, steps, _ = inputs.shape
+        longest = max(lengths, default=0)
+        if longest == 0:
+            return inputs.new_zeros(2, batch, steps, layer.recurrent_weight.shape[2]), state if return_state else None
+        lstm = self._fused_lstm(layer, inputs)
+        outputs, final_h, final_c = [], [], []
+        for d in range(2):
+            initial = (state[0][d : d + 1].contiguous(), state[1][d : d + 1].contiguous())
+            output, (h, c) = lstm(d, inputs[d, :, :longest], initial)
+            outputs.append(output)
+            final_h.append(h[0])
+            final_c.append(c[0])
+        output = torch.stack(outputs) * mask[:, :longest, None].to(outputs[0].dtype)
+        if longest < steps:
+            output = F.pad(output, (0, 0, 0, steps - longest))
+        return output, (torch.stack(final_h), torch.stack(final_c)) if return_state else None
+
     def _fused_recurrence(
         self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """`nn.LSTM(proj_size=P)` per direction over packed sequences (cuDNN on a GPU), without cell or projection
-        clipping. Without gradients for the weights, the cache keeps each direction's `nn.LSTM` with its weights
-        flat in cuDNN's layout; with them, the weights are gathered into its layout at every call."""
+        """`nn.LSTM` per direction over packed sequences (rows longest first), for the final state of each row after
+        its own last step."""
         _, batch, steps, _ = inputs.shape
         started = sum(1 for n in lengths if n > 0)  # nn.LSTM takes no empty rows: they keep zeros and their state
         if started == 0:
             return inputs.new_zeros(2, batch, steps, layer.recurrent_weight.shape[2]), state
-        weights_need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
-        cast = cuda_autocast_inference(inputs, layer.input_weight)
-        lstms = self.cache.fused_lstms(layer, cast) if self.cache is not None and not weights_need_grad else None
-        gathered = None if lstms is not None else fused_lstm_weights(layer)
-        row_lengths = torch.tensor(lengths[:started])
+        lstm = self._fused_lstm(layer, inputs)
+        row_lengths = torch.tensor(lengths[:started])  # on the host, where packing reads them
         outputs, final_h, final_c = [], [], []
         for d in range(2):
             packed = nn.utils.rnn.pack_padded_sequence(inputs[d, :started], row_lengths, batch_first=True)
             initial = (state[0][d : d + 1, :started].contiguous(), state[1][d : d + 1, :started].contiguous())
-            if lstms is not None:
-                output, (h, c) = lstms[d](packed, initial)
-            else:
-                with warnings.catch_warnings():  # gathered at each call (gate order): they cannot be flat
-                    warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
-                    output, (h, c) = torch.func.functional_call(_meta_lstm(layer), gathered[d], (packed, initial))
+            output, (h, c) = lstm(d, packed, initial)
             output, _ = nn.utils.rnn.pad_packed_sequence(output, batch_first=True, total_length=steps)
             outputs.append(F.pad(output, (0, 0, 0, 0, 0, batch - started)))
             final_h.append(torch.cat([h[0], state[0][d, started:]]))
             final_c.append(torch.cat([c[0], state[1][d, started:]]))
         return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
+
+    def _fused_lstm(self, layer: nn.Module, inputs: torch.Tensor) -> Callable:
+        """`run(direction, inputs, (h0, c0))`: the `nn.LSTM(proj_size=P)` of one direction of `layer` without its
+        clipping. Without gradients for the weights, the cache keeps each direction's `nn.LSTM` with its weights
+        flat in cuDNN's layout (in the autocast dtype under GPU autocast); with them, the weights are gathered into
+        its layout at every call."""
+        weights_need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
+        if self.cache is not None and not weights_need_grad:
+            lstms = self.cache.fused_lstms(layer, cuda_autocast_inference(inputs, layer.input_weight))
+            return lambda d, x, initial: lstms[d](x, initial)
+        gathered = fused_lstm_weights(layer)
+
+        def run(d: int, x: torch.Tensor | nn.utils.rnn.PackedSequence, initial: tuple) -> tuple:
+            with warnings.catch_warnings():  # gathered at each call (gate order): they cannot be flat
+                warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
+                return torch.func.functional_call(_meta_lstm(layer), gathered[d], (x, initial))
+
+        return run
+
+
+def host_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Integers made on the host as an index on `device`. To a GPU from page-locked memory without waiting: a plain
+    `torch.tensor(values, device=...)` is a copy the host waits for."""
+    pinned = device.type == "cuda" and torch.cuda.is_available()
+    index = torch.tensor(values, dtype=torch.long, pin_memory=pinned)
+    return index if device.type == "cpu" else index.to(device, non_blocking=True)
 
 
 def unique_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -235,12 +235,13 @@ class ElmoLstmLayer(nn.Module):
         lengths: Sequence[int] | None,
         state: tuple[torch.Tensor, torch.Tensor],
         kernels: ElmoKernels,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Both directions over `inputs` (2, batch, steps, input_dim) in processing order, rows by decreasing length
-        (`mask` (batch, steps), `lengths` the same on the host); `state` = (h (2, batch, P), c (2, batch, D)).
-        Returns the outputs (2, batch, steps, P), zeros where padded, and each row's state after its last step
+        return_state: bool = True,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Both directions over `inputs` (2, batch, steps, input_dim) in processing order (`mask` (batch, steps),
+        `lengths` its row lengths on the host); `state` = (h (2, batch, P), c (2, batch, D)). Returns the outputs
+        (2, batch, steps, P), zeros where padded, and with `return_state` each row's state after its last step
         (the recurrence: `ElmoKernels.lstm`)."""
-        return kernels.lstm(self, inputs, mask, lengths, state)
+        return kernels.lstm(self, inputs, mask, lengths, state, return_state)
 
 
 class ElmoBiLstm(nn.Module):
@@ -270,21 +271,14 @@ class ElmoBiLstm(nn.Module):
         lengths: Sequence[int] | None,
         kernels: ElmoKernels,
         initial_state: ElmoState | None = None,
-    ) -> tuple[list[torch.Tensor], ElmoState]:
+        return_state: bool = True,
+    ) -> tuple[list[torch.Tensor], ElmoState | None]:
         """token_layer (batch, positions, 2P), layer 0 `[token; token]`, whose forward half the forward LM reads and
         whose backward half the backward LM reads; mask (batch, positions) and its row lengths on the host (None when
-        traced) → n_layers tensors (batch, positions, 2P), final state."""
+        traced) → n_layers tensors (batch, positions, 2P), and with `return_state` the final state."""
         forward_input, backward_input = token_layer.chunk(2, dim=-1)
         batch, steps, width = forward_input.shape
         h0, c0 = initial_state if initial_state is not None else self.zero_state(batch, token_layer)
-        # The step loop needs the active rows of every step to be a prefix: rows not given longest first are sorted.
-        order = None
-        if lengths is not None and any(a < b for a, b in zip(lengths, lengths[1:])):
-            rows = sorted(range(batch), key=lambda i: -lengths[i])
-            lengths = [lengths[i] for i in rows]
-            order = torch.tensor(rows, device=token_layer.device)
-            forward_input, backward_input = forward_input[order], backward_input[order]
-            mask, h0, c0 = mask[order], h0[:, :, order], c0[:, :, order]
         # The backward LM reads each sentence reversed within its own length.
         row_lengths = mask.sum(dim=1)[:, None]
         position = torch.arange(steps, device=token_layer.device)
@@ -295,19 +289,15 @@ class ElmoBiLstm(nn.Module):
         layers, final_h, final_c = [], [], []
         for index, layer in enumerate(self.layers):
             layer_input = self.dropout(layer_input)
-            layer_output, (h, c) = layer(layer_input, mask, lengths, (h0[index], c0[index]), kernels)
+            layer_output, state = layer(layer_input, mask, lengths, (h0[index], c0[index]), kernels, return_state)
             if self.use_skip_connections and index > 0:
                 layer_output = layer_output + layer_input
             layers.append(torch.cat([layer_output[0], layer_output[1].gather(1, reverse_index)], dim=-1))
-            final_h.append(h)
-            final_c.append(c)
+            if return_state:
+                final_h.append(state[0])
+                final_c.append(state[1])
             layer_input = layer_output
-        final_state = (torch.stack(final_h), torch.stack(final_c))
-        if order is not None:
-            unsort = torch.argsort(order)
-            layers = [layer[unsort] for layer in layers]
-            final_state = (final_state[0][:, :, unsort], final_state[1][:, :, unsort])
-        return layers, final_state
+        return layers, (torch.stack(final_h), torch.stack(final_c)) if return_state else None
 
 
 # -- the scalar mix ----------------------------------------------------------------------------------------------
@@ -533,14 +523,19 @@ class ElmoModel(ElmoPreTrainedModel):
             return mask, None
         if lengths is not None:
             return mask, list(lengths)
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.n_characters):
-            raise ValueError(
-                f"character ids must lie in [0, {self.config.n_characters}), found "
-                f"[{int(input_ids.min())}, {int(input_ids.max())}]: were they made by ElmoCharTokenizer?"
-            )
-        if (mask[:, 1:] & ~mask[:, :-1]).any():
+        # The ids' range, whether a padding position precedes a real one, and the row lengths, read back at once: on
+        # a GPU the host waits for the device once per call (an `ElmoBatch` brings its lengths: no wait at all).
+        ids = input_ids.flatten() if input_ids.numel() else input_ids.new_zeros(1)
+        misplaced_padding = (mask[:, 1:] & ~mask[:, :-1]).any()
+        low, high, misplaced, *found_lengths = torch.cat(
+            [ids.amin().view(1).long(), ids.amax().view(1).long(), misplaced_padding.view(1).long(),
+             mask.sum(dim=1)]).tolist()
+        if low < 0 or high >= self.config.n_characters:
+            raise ValueError(f"character ids must lie in [0, {self.config.n_characters}), found [{low}, {high}]: were "
+                             "they made by ElmoCharTokenizer?")
+        if misplaced:
             raise ValueError("every row must be padded on the right: a padding position precedes a real one")
-        return mask, mask.sum(dim=1).tolist()
+        return mask, found_lengths
 
     @can_return_tuple
     def forward(
@@ -576,7 +571,7 @@ class ElmoModel(ElmoPreTrainedModel):
         kernels = ElmoKernels(self.kernel_options, input_ids, inference_cache, self.bilstm.clipped)
         token_repr = self.char_cnn(input_ids, mask, kernels)
         token_layer = torch.cat([token_repr, token_repr], dim=-1)  # layer 0, as wide as the biLSTM layers
-        layers, final_state = self.bilstm(token_layer, mask, lengths, kernels, initial_state)
+        layers, final_state = self.bilstm(token_layer, mask, lengths, kernels, initial_state, return_state)
         hidden_states = (token_layer, *layers)
         return ElmoModelOutput(
             last_hidden_state=hidden_states[-1],

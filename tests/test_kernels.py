@@ -403,33 +403,3 @@ def test_the_cache_keeps_weights_cast_for_gpu_autocast_and_fused_lstms_in_that_d
         reference, _ = expected(inputs)
         output, _ = got(inputs.to(torch.bfloat16))
         assert (output.float() - reference).abs().max() <= 0.05 * reference.abs().max()
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
-def test_a_gpu_forward_of_a_batch_waits_for_nothing_and_warns_nothing(tokenizer, dtype):
-    """On a GPU the biLM's forward of an `ElmoBatch` never makes the host wait for the device (torch's sync debug
-    mode reports every synchronising call), warns nothing (the fused LSTMs' weights are kept flat, and in the autocast
-    dtype), and stays within half precision's rounding of float32."""
-    import warnings
-
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval().cuda()
-    cache = ElmoInferenceCache()
-    batch = tokenizer.batch(SENTENCES).to("cuda")
-    with torch.no_grad():
-        reference = model(**batch).hidden_states
-        model(**batch, inference_cache=cache)  # the cache's first fill may copy to the host: not timed here
-        with warnings.catch_warnings(record=True) as caught, torch.autocast("cuda", dtype=dtype or torch.float32,
-                                                                            enabled=dtype is not None):
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                output = model(**batch, inference_cache=cache).hidden_states
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    assert [str(w.message) for w in caught] == []
-    tolerance = 1e-5 if dtype is None else 0.05
-    for layer, expected in zip(output, reference):
-        assert (layer.float() - expected).abs().max() <= tolerance * max(1.0, float(expected.abs().max()))

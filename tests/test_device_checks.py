@@ -1,0 +1,253 @@
+"""What a GPU step costs the host, checked on the CPU in every run: the project's code on fake CUDA tensors
+(`fake_cuda.py`) waits for the device nowhere, and launches no more operations per step than its budget.
+
+On an H100 (2026-11-27, `../shared/gpu/reports/2026-11-27-h100/`) torch's sync debug mode counted 1 / 3 / 3 host waits
+in the forward of a batch (float32 / bf16 / fp16) and 3 in a pretraining step. These checks find the same ones in the
+code before the fix (an index made on the host for the rows' order, `modeling_elmo.py`, and the gate order of the
+fused LSTM's weights as a list index, `kernels.py`, once per layer), and none after it.
+
+Launch budgets are the counts measured when the budget was set: a change that adds launches fails here; one that saves
+some should lower the budget.
+"""
+
+import contextlib
+import json
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+from elmo_fixtures import require, tiny_config
+from fake_cuda import DEVICE, DeviceWatch, FakeCuda, autocast, fake_cuda, real
+from test_model import SENTENCES
+from test_training import TOY, TOY_MODEL, toy_batch
+
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoInferenceCache, ElmoModel
+from hf_elmo.training import BidirectionalLMLoss, WordVocabulary
+
+# Operations (about one kernel launch each) per step, as measured; see the module docstring.
+FORWARD_LAUNCHES = {None: 63, torch.bfloat16: 72, torch.float16: 72}
+PRETRAINING_LAUNCHES = {None: 384, torch.bfloat16: 434}
+
+pytestmark = pytest.mark.filterwarnings(
+    # Artifacts of the fake device: torch asks cuDNN (absent from a CPU build) to flatten the LSTM weights.
+    "ignore:PyTorch was compiled without cuDNN/MIOpen support:UserWarning"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return ElmoCharTokenizer()
+
+
+# -- the check itself ------------------------------------------------------------------------------------------------
+
+
+def test_the_fake_device_sees_every_kind_of_host_wait():
+    """The check would catch each way of making the host wait for a GPU, and lets through what does not."""
+    with DeviceWatch() as watch:
+        x = fake_cuda(torch.arange(6.0))
+        assert x.is_cuda and x.device == DEVICE and isinstance(x + 1, FakeCuda)
+        cases = {
+            "item": lambda: x.sum().item(),
+            "bool": lambda: bool((x > 2).any()),
+            "boolean mask": lambda: x[x > 2],
+            "nonzero": lambda: torch.nonzero(x),
+            "list index": lambda: x[[0, 2]],
+            "host tensor from data": lambda: torch.tensor([1, 2], device=DEVICE),
+            "blocking copy to the device": lambda: torch.ones(3).to(DEVICE),
+            "copy to the host": lambda: x.cpu(),
+            "tolist": lambda: x.tolist(),
+            "unique": lambda: torch.unique(x),
+        }
+        for name, case in cases.items():
+            with watch.recording():
+                case()
+            assert len(watch.syncs) == 1, (name, watch.syncs)
+        with watch.recording():
+            y = torch.ones(3).to(DEVICE, non_blocking=True)
+            torch.zeros(2, device=DEVICE).add_(1)
+            x[1:3].mul_(2)
+        assert watch.syncs == [] and len(watch.transfers) == 1 and isinstance(y, FakeCuda)
+        assert real(x).tolist() == [0.0, 2.0, 4.0, 3.0, 4.0, 5.0]  # in place, through a view
+        with pytest.raises(RuntimeError, match="same device"):
+            x[:3] + torch.ones(3)  # a GPU refuses a CPU operand too
+        with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
+            x.numpy()
+
+
+# -- the biLM ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16], ids=["float32", "bf16", "fp16"])
+def test_a_gpu_forward_of_a_batch_waits_for_nothing(tokenizer, dtype):
+    """The forward of an `ElmoBatch` (rows in any order) on a GPU, float32 or under autocast: no host wait, including
+    the first call under autocast (it fills the cache's weights in that dtype, as the H100's test did); the CPU's
+    values within the dtype's rounding; at most the budget of launches once the cache is warm."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
+    batch = tokenizer.batch(SENTENCES)
+    assert list(batch.lengths) != sorted(batch.lengths, reverse=True)  # rows not longest first
+    with torch.no_grad():
+        reference = model(**batch).hidden_states
+    with DeviceWatch() as watch, torch.no_grad():
+        fake_cuda(model)
+        cache, on_device = ElmoInferenceCache(), batch.to(DEVICE)
+        model(**on_device, inference_cache=cache)  # the cache's first fill in float32
+        for call in ("first", "warm"):
+            with watch.recording(), autocast(dtype):
+                output = model(**on_device, inference_cache=cache).hidden_states
+            assert watch.syncs == [] and watch.transfers == [], (call, [str(e) for e in watch.syncs])
+    assert watch.launch_count <= FORWARD_LAUNCHES[dtype], watch.launches
+    assert watch.launches["cudnn_rnn"] == 2 * len(model.bilstm.layers)  # one per direction and layer
+    tolerance = 1e-5 if dtype is None else 0.05
+    for layer, expected in zip(real(output), reference):
+        assert (layer.float() - expected).abs().max() <= tolerance * max(1.0, float(expected.abs().max()))
+
+
+def test_the_transformers_path_reads_back_once_and_a_batch_never(tokenizer):
+    """`model(**tokenizer(...))` checks its inputs' values: one read-back per call (the ids' range, the padding and
+    the row lengths together); an `ElmoBatch` (or `lengths=`) brings the lengths from the host: none."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    lengths = encoded["attention_mask"].sum(dim=1).tolist()
+    with DeviceWatch() as watch, torch.no_grad():
+        fake_cuda(model)
+        on_device = {key: fake_cuda(value) for key, value in encoded.items()}
+        with watch.recording():
+            model(**on_device)
+        assert [e.where.split(" ")[-1] for e in watch.syncs] == ["(_validate)"]
+        with watch.recording():
+            model(**on_device, lengths=lengths)
+        assert watch.syncs == []
+        bad = {**on_device, "input_ids": on_device["input_ids"] * 0 + 999}
+        with watch.recording(), pytest.raises(ValueError, match=r"character ids must lie in \[0, 262\), found"):
+            model(**bad)
+        assert len(watch.syncs) == 1
+
+
+def test_the_fused_lstm_reads_unsorted_padded_rows_as_the_step_loop(tokenizer):
+    """Without final states the fused recurrence runs on the padded rows as they come (no sorting, no packing):
+    the step loop's outputs and gradients, an empty row and rows out of order included."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
+    encoded = tokenizer([SENTENCES[2], *SENTENCES], is_split_into_words=True, padding=True, return_tensors="pt")
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    encoded = {"input_ids": torch.cat([ids[:1], torch.zeros_like(ids[:1]), ids[1:]]),  # row 1: all padding
+               "attention_mask": torch.cat([mask[:1], torch.zeros_like(mask[:1]), mask[1:]])}
+    results = []
+    for mode in ("never", "always"):
+        model.kernel_options = type(model.kernel_options)(fused_lstm=mode)
+        model.zero_grad()
+        layers = model(**encoded).hidden_states
+        sum(layer.square().sum() for layer in layers).backward()
+        results.append((layers, model.bilstm.layers[1].recurrent_weight.grad.clone()))
+    (loop, loop_grad), (fused, fused_grad) = results
+    for a, b in zip(loop, fused):
+        assert (a - b).abs().max() <= 1e-5
+    assert fused[-1][1].abs().max() == 0  # the empty row
+    assert (loop_grad - fused_grad).abs().max() <= 1e-5 * loop_grad.abs().max()
+
+
+# -- pretraining -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["float32", "bf16"])
+def test_a_gpu_pretraining_step_waits_for_nothing(dtype):
+    """A sampled-softmax step of a batch made by `encode_batch` (forward and backward under autocast, clipping,
+    Adam): no host wait; one transfer, the candidates drawn on the host (non-blocking); at most the budget of
+    launches; the loss the CPU computes."""
+    vocabulary = WordVocabulary.load(require(TOY / "vocab.txt"))
+    torch.manual_seed(0)
+    config = ElmoConfig(**json.loads(TOY_MODEL), vocab_size=len(vocabulary), cell_clip=None, proj_clip=None,
+                        dropout=0.0)
+    objective = BidirectionalLMLoss(ElmoForBidirectionalLM(config), num_sampled=16).train()
+    batch = toy_batch(vocabulary)
+    torch.manual_seed(1)
+    expected = float(objective(**batch).loss.detach())
+    with DeviceWatch() as watch:
+        fake_cuda(objective)
+        optimizer = torch.optim.Adam(objective.parameters(), lr=1e-3)
+        on_device = {key: value.to(DEVICE, non_blocking=True) if isinstance(value, torch.Tensor) else value
+                     for key, value in batch.items()}
+        for step in range(2):  # the first step makes the optimizer's state
+            torch.manual_seed(1)
+            with watch.recording():
+                with autocast(dtype):
+                    output = objective(**on_device)
+                output.loss.backward()
+                torch.nn.utils.clip_grad_norm_(objective.parameters(), 5.0)
+                optimizer.step()
+                optimizer.zero_grad()
+            assert watch.syncs == [], [str(e) for e in watch.syncs]
+            assert [e.where.split(" ")[-1] for e in watch.transfers] == ["(sampled_softmax_loss)"]
+            if step == 0:
+                assert abs(float(real(output.loss)) - expected) <= (1e-5 if dtype is None else 0.05) * abs(expected)
+    assert watch.launch_count <= PRETRAINING_LAUNCHES[dtype], watch.launches
+
+
+# -- the same on a GPU (`pytest -m cuda`; benchmarks/gpu_check.py runs them) -----------------------------------------
+
+
+@contextlib.contextmanager
+def synchronisations() -> Iterator[list[str]]:
+    """torch's sync debug mode on a real GPU: the message of every warning raised inside, but the mode's own notice
+    that it is a prototype (raised once per process, whatever the code does)."""
+    found: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    found.extend(str(w.message) for w in caught if not str(w.message).startswith("Synchronization debug mode is a"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16], ids=["float32", "bf16", "fp16"])
+def test_on_a_gpu_the_forward_of_a_batch_waits_for_nothing_and_warns_nothing(tokenizer, dtype):
+    """As `test_a_gpu_forward_of_a_batch_waits_for_nothing`, on the device: torch's sync debug mode reports no
+    synchronising call and nothing else warns (the fused LSTMs' weights are kept flat, in the autocast dtype)."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval().cuda()
+    cache = ElmoInferenceCache()
+    batch = tokenizer.batch(SENTENCES).to("cuda")
+    with torch.no_grad():
+        reference = model(**batch).hidden_states
+        model(**batch, inference_cache=cache)  # the cache's first fill in float32
+        with synchronisations() as found, torch.autocast("cuda", dtype=dtype or torch.float32,
+                                                         enabled=dtype is not None):
+            output = model(**batch, inference_cache=cache).hidden_states
+    assert found == []
+    tolerance = 1e-5 if dtype is None else 0.05
+    for layer, expected in zip(output, reference):
+        assert (layer.float() - expected).abs().max() <= tolerance * max(1.0, float(expected.abs().max()))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["float32", "bf16"])
+def test_on_a_gpu_a_pretraining_step_waits_for_nothing(dtype):
+    """As `test_a_gpu_pretraining_step_waits_for_nothing`, on the device, under torch's sync debug mode."""
+    vocabulary = WordVocabulary.load(require(TOY / "vocab.txt"))
+    torch.manual_seed(0)
+    config = ElmoConfig(**json.loads(TOY_MODEL), vocab_size=len(vocabulary), cell_clip=None, proj_clip=None)
+    objective = BidirectionalLMLoss(ElmoForBidirectionalLM(config), num_sampled=16).cuda().train()
+    optimizer = torch.optim.Adam(objective.parameters(), lr=1e-3)
+    batch = {key: value.cuda() if isinstance(value, torch.Tensor) else value
+             for key, value in toy_batch(vocabulary).items()}
+    sums = []
+    for step in range(3):  # the first step sets up the optimizer state and cuDNN: not watched
+        with synchronisations() if step else contextlib.nullcontext([]) as found:
+            with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+                output = objective(**batch)
+            output.loss.backward()
+            torch.nn.utils.clip_grad_norm_(objective.parameters(), 5.0)
+            optimizer.step()
+            optimizer.zero_grad()
+        assert found == []
+        sums.append(output.forward_loss_sum)
+    assert all(torch.isfinite(torch.stack(sums)))
