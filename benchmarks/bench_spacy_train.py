@@ -37,9 +37,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
-# A biLM too small to cost anything but the host's time (its LSTMs, highway and char CNN run all the same).
+# A biLM too small to cost anything but the host's time (its LSTMs, highway and char CNN run all the same), without
+# clipping as the default model (on a GPU: cuDNN's LSTM).
 TOY_ARCHITECTURE = {"char_embedding_dim": 4, "filters": [[1, 8], [2, 8]], "n_highway": 1, "lstm_dim": 32,
-                    "projection_dim": 16}
+                    "projection_dim": 16, "cell_clip": None, "proj_clip": None}
 MAIN_SCORES = {"ner": "ents_f", "textcat": "cats_macro_f"}
 
 

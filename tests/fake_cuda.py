@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import sys
 import traceback
 import warnings
 from collections import Counter
@@ -123,6 +122,11 @@ class Event:
     kind: str
     op: str
     where: str
+
+    @property
+    def project(self) -> bool:
+        """Whether a line of the project's code caused it."""
+        return self.where.startswith(tuple(Path(p).name for p in PROJECT))
 
     def __str__(self) -> str:
         return f"{self.kind} ({self.op}) at {self.where}"
@@ -453,18 +457,24 @@ def _optimizer_array(tensor: torch.Tensor) -> Any:
     return tensor.elem.numpy() if isinstance(tensor, FakeCuda) else tensor.numpy()
 
 
+class _DeviceNumpy:
+    """NumPy under another name: `ops.xp is numpy` is False, as for CuPy, so the project's code takes its GPU path."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+
 @contextlib.contextmanager
 def fake_thinc(watch: DeviceWatch, ops: Any) -> Iterator[None]:
-    """thinc's arrays stand in for CuPy's: `to_torch` / `to_xp` cross to fake CUDA tensors without a copy (DLPack on a
-    GPU), and `ops.to_numpy` called by the project's code counts as a device -> host copy (`ops` is the
-    NumpyOps instance the pipeline's models hold)."""
+    """thinc's arrays stand in for CuPy's (`ops` is the NumpyOps instance the pipeline's models hold): `ops.xp` is not
+    NumPy, `to_torch` / `to_xp` cross to fake CUDA tensors without a copy (DLPack on a GPU), and `ops.to_numpy`
+    counts as a device -> host copy (thinc's and spaCy's own too: `Event.project` tells them apart)."""
     from spacy_elmo.layers import bilm, pytorch, scalar_mix
 
     to_numpy: Callable = ops.to_numpy
 
     def counted_to_numpy(data: Any, *args, **kwargs) -> np.ndarray:
-        if sys._getframe(1).f_code.co_filename.startswith(PROJECT):
-            watch.record("sync", "ops.to_numpy (device->host copy)", None)
+        watch.record("sync", "ops.to_numpy (device->host copy)", None)
         return to_numpy(data, *args, **kwargs)
 
     with contextlib.ExitStack() as stack:
@@ -473,4 +483,5 @@ def fake_thinc(watch: DeviceWatch, ops: Any) -> Iterator[None]:
                 if hasattr(module, name):
                     stack.enter_context(mock.patch.object(module, name, function))
         stack.enter_context(mock.patch.object(ops, "to_numpy", counted_to_numpy))
+        stack.enter_context(mock.patch.object(ops, "xp", _DeviceNumpy()))
         yield

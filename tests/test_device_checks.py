@@ -12,18 +12,23 @@ some should lower the budget.
 
 import contextlib
 import json
+import sys
 import warnings
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 from elmo_fixtures import require, tiny_config
 from fake_cuda import DEVICE, DeviceWatch, FakeCuda, autocast, fake_cuda, real
+from spacy_fixtures import REPO
 from test_model import SENTENCES
 from test_training import TOY, TOY_MODEL, toy_batch
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoInferenceCache, ElmoModel
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary
+
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 # Operations (about one kernel launch each) per step, as measured; see the module docstring.
 FORWARD_LAUNCHES = {None: 63, torch.bfloat16: 72, torch.float16: 72}
@@ -251,3 +256,68 @@ def test_on_a_gpu_a_pretraining_step_waits_for_nothing(dtype):
         assert found == []
         sums.append(output.forward_loss_sum)
     assert all(torch.isfinite(torch.stack(sums)))
+
+
+# -- spaCy ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ner_pipeline():
+    """The shipped NER config at toy widths (an unclipped random biLM, as the default model), initialized on a few
+    CoNLL-style sentences; its torch modules and thinc's ops, to put on the fake device."""
+    import spacy
+    from bench_spacy_train import shrink_to_toy
+    from spacy.training import Example
+
+    from spacy_elmo.cli import make_config
+
+    config = make_config("ner")
+    shrink_to_toy(config, "ner")
+    nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
+    texts = ["Peter Blackburn visited Berlin on Monday .", "EU rejects German call to boycott British lamb .", "Hi",
+             "The European Commission said on Thursday it disagreed with German advice to consumers ."]
+    entities = {"Peter": "B-PER", "Blackburn": "L-PER", "Berlin": "U-LOC", "EU": "U-ORG", "German": "U-MISC"}
+    examples = [Example.from_dict(doc, {"entities": [entities.get(token.text, "O") for token in doc]})
+                for doc in map(nlp.make_doc, texts)]
+    nlp.initialize(lambda: examples)
+    modules = [shim._model for _, pipe in nlp.pipeline for node in pipe.model.walk() for shim in node.shims]
+    return nlp, texts, examples, modules
+
+
+SPACY_LAUNCHES = {"pipe": 55, "update reading": 83, "update cached": 40}
+
+
+
+def test_the_spacy_component_and_its_listeners_on_a_gpu_wait_once_per_batch_and_update_without_waiting(
+        ner_pipeline):
+    """`nlp.pipe` on a GPU: the biLM's layers come to the host once per batch (to be stored on the Docs), the batch's
+    ids go to the device without waiting; `nlp.update` of the shipped NER config (the frozen biLM reading the Docs,
+    then served by its cache; the listeners' mixes and the task biLSTM, forward and backward): the project's code
+    waits for the device nowhere. Launches of the torch parts within their budgets. Not seen: thinc's and spaCy's own
+    CuPy kernels and copies (thinc's `with_padded` reads the lengths back twice per call, spaCy's parser its scores
+    at every transition), which take NumPy's place here."""
+    from fake_cuda import fake_thinc
+    from thinc.api import get_current_ops
+
+    from spacy_elmo.layers import elmo_shim
+
+    nlp, texts, examples, modules = ner_pipeline
+    optimizer = nlp.create_optimizer()
+    with DeviceWatch() as watch, fake_thinc(watch, get_current_ops()):
+        for module in modules:
+            fake_cuda(module)
+        elmo_shim(nlp.get_pipe("elmo").model).inference_cache.clear()
+        list(nlp.pipe(texts))  # fills the inference cache
+        with watch.recording():
+            docs = list(nlp.pipe(texts))
+        assert [(e.where.split(":")[0], e.where.split(" ")[-1]) for e in watch.syncs if e.project] == [
+            ("spacy_elmo/pipeline_component.py", "(_host_arrays)")]
+        assert [e.where.split(":")[0] for e in watch.transfers] == ["hf_elmo/text.py"] * 2  # ElmoBatch.to: ids, mask
+        assert watch.launch_count <= SPACY_LAUNCHES["pipe"], watch.launches
+        assert all(type(doc._.elmo_layers) is np.ndarray and doc._.elmo_layers.shape[1] == len(doc) for doc in docs)
+        for kind in ("update reading", "update cached"):
+            with watch.recording():
+                losses = nlp.update(examples, sgd=optimizer)
+            assert [e for e in watch.syncs if e.project] == [], (kind, [str(e) for e in watch.syncs])
+            assert watch.launch_count <= SPACY_LAUNCHES[kind], (kind, watch.launches)
+            assert np.isfinite(losses["ner"]) and losses["ner"] > 0
