@@ -321,3 +321,39 @@ def test_the_spacy_component_and_its_listeners_on_a_gpu_wait_once_per_batch_and_
             assert [e for e in watch.syncs if e.project] == [], (kind, [str(e) for e in watch.syncs])
             assert watch.launch_count <= SPACY_LAUNCHES[kind], (kind, watch.launches)
             assert np.isfinite(losses["ner"]) and losses["ner"] > 0
+
+
+def test_on_cupy_the_pipelines_ops_scatter_with_add_at_not_the_deprecated_cupyx_call(monkeypatch):
+    """thinc's `CupyOps.scatter_add` calls `cupyx.scatter_add` (deprecated since CuPy 12: a warning at every call);
+    the shipped configs' `before_creation` swaps in `AddAtCupyOps`, whose scatter is `add.at` (repeated indices
+    summed), on the same device, and leaves any other ops alone."""
+    import spacy
+    from spacy.language import Language
+    from thinc.api import CupyOps, NumpyOps, get_current_ops, set_current_ops
+
+    from spacy_elmo.cli import make_config
+    from spacy_elmo.cupy_ops import AddAtCupyOps
+
+    deprecated = []
+    monkeypatch.setattr(CupyOps, "_xp2", type("cupyx", (), {"scatter_add": lambda *a: deprecated.append(a)}))
+    table, indices, values = np.zeros((4, 2), "f"), np.array([0, 2, 0, 3]), np.arange(1, 5, dtype="f")[:, None]
+    for ops_class in (CupyOps, AddAtCupyOps):
+        ops = ops_class()
+        monkeypatch.setattr(ops, "xp", np)  # NumPy computes what CuPy would
+        ops.scatter_add(table, indices, values.repeat(2, axis=1))
+    assert len(deprecated) == 1  # thinc's, not ours
+    np.testing.assert_array_equal(table[:, 0], [4, 0, 2, 4])
+
+    for task in ("ner", "textcat"):
+        assert make_config(task)["nlp"]["before_creation"] == {"@callbacks": "spacy-elmo.CupyAddAt.v1"}
+    use_add_at = spacy.util.registry.callbacks.get("spacy-elmo.CupyAddAt.v1")()
+    previous = get_current_ops()
+    try:
+        set_current_ops(CupyOps(device_id=1))
+        assert use_add_at(Language) is Language
+        assert type(get_current_ops()) is AddAtCupyOps and get_current_ops().device_id == 1
+        set_current_ops(NumpyOps())
+        use_add_at(Language)
+        assert type(get_current_ops()) is NumpyOps
+    finally:
+        set_current_ops(previous)
