@@ -36,6 +36,7 @@ from .embed import (
     embed_file_in_parts,
 )
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
+from .runtime import OutOfDeviceMemoryError
 from .text import expand_files, get_word_tokenizer
 
 
@@ -481,7 +482,7 @@ def embed(
             count = _embed_in_parts(embedder, input_file, output_file, rank, world_size, output)
         else:
             count = embed_file(embedder, input_file, output_file, **output)
-    except (OSError, ImportError, ValueError) as error:
+    except (OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
         _fail(str(error))
     if not quiet and rank == 0:
         typer.echo(f"{count} sentences written to {output_file}", err=True)

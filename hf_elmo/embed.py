@@ -31,6 +31,7 @@ from .convert import require_h5py
 from .kernels import ElmoInferenceCache
 from .loading import DEFAULT_MODEL_NAME, load_model, load_original, load_tokenizer
 from .modeling_elmo import ElmoModel, ElmoScalarMix
+from .runtime import halve_on_out_of_memory
 from .text import ElmoBatch, length_batches, read_lines, split_into_words, windows
 from .tokenization_elmo import ElmoCharTokenizer
 
@@ -285,7 +286,14 @@ class ElmoEmbedder:
 
     @torch.inference_mode()
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """One forward pass. Returns per sentence a float32 array `(layers, words, width)` or `(words, width)`."""
+        """One forward pass (on a GPU without the memory for it, several: the batch halved until each part fits, the
+        same vectors). Returns per sentence a float32 array `(layers, words, width)` or `(words, width)`."""
+        return halve_on_out_of_memory(
+            list(sentences), self._embed_batch, lambda parts: [array for part in parts for array in part],
+            lambda words: f"a sentence of {len(words)} words",
+        )
+
+    def _embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         hidden_states, batch = self._layers(sentences)
         if self.layers == "all":
             output = torch.stack([batch.strip(layer) for layer in hidden_states])  # (layers, batch, words, width)

@@ -475,3 +475,16 @@ def test_embed_sets_the_default_threads_unless_told(tiny_model_dir, tmp_path, mo
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's setting stands
     assert run("embed", tiny_model_dir, tmp_path / "in.txt", tmp_path / "out.npy", "-q").exit_code == 0
     assert torch.get_num_threads() == 2
+
+
+def test_embed_out_of_device_memory_for_one_sentence_is_one_line(tiny_model_dir, tmp_path, monkeypatch):
+    from test_embed import inject_out_of_memory
+
+    inject_out_of_memory(monkeypatch, lambda ids: ids.shape[1] > 12)  # sentences of up to 10 words fit
+    source = tmp_path / "in.txt"
+    source.write_text("a short one\n" + " ".join(["word"] * 20) + "\n")
+    result = run("embed", tiny_model_dir, source, tmp_path / "out.npy", "--quiet")
+    assert result.exit_code == 1 and not (tmp_path / "out.npy").exists()
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: a sentence of 20 words does not fit in the device's memory")
+    assert "--max-sentence-words" in lines[0]

@@ -549,3 +549,36 @@ def test_the_progress_bar_advances_within_a_long_line_and_ends_at_the_file_size(
     line = len(" ".join(["word"] * 50)) + 1
     assert all(isinstance(n, int) and n >= 0 for n in updates) and sum(updates) == len(text.encode())
     assert [sum(updates[: i + 1]) for i in range(5)] == [line * k // 5 for k in range(1, 6)]  # window by window
+
+
+def inject_out_of_memory(monkeypatch, too_big) -> list[tuple[int, int]]:
+    """`ElmoModel.forward` raises CUDA's out-of-memory error for the batches `too_big(input_ids)` says (the device's
+    memory, simulated); returns the (rows, positions) of every call."""
+    forward, calls = ElmoModel.forward, []
+
+    def forward_or_out_of_memory(self, input_ids, *args, **kwargs):
+        calls.append(tuple(input_ids.shape[:2]))
+        if too_big(input_ids):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                              "capacity of 79.19 GiB of which 1.06 GiB is free.\nOf the memory ...")
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(ElmoModel, "forward", forward_or_out_of_memory)
+    return calls
+
+
+def test_a_batch_out_of_device_memory_runs_in_halves_with_the_same_vectors(tiny_model, monkeypatch):
+    """A batch the device has no memory for runs again in halves (and quarters...), each sentence's vectors those of
+    the run that had the memory (to float32 rounding: matmuls of fewer rows sum in another order); one sentence that
+    does not fit alone is one clear error."""
+    embedder = ElmoEmbedder(tiny_model, batch_tokens=10_000)
+    expected = list(embedder.embed_sentences(EDGE_SENTENCES))
+    calls = inject_out_of_memory(monkeypatch, lambda ids: ids.shape[0] > 2)  # at most 2 rows fit
+    got = list(embedder.embed_sentences(EDGE_SENTENCES))
+    assert calls[0][0] == len(EDGE_SENTENCES) and sum(rows for rows, _ in calls if rows <= 2) == len(EDGE_SENTENCES)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    inject_out_of_memory(monkeypatch, lambda ids: ids.shape[1] > 30)  # no sentence of more than 28 words fits
+    with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^a sentence of 40 words does not fit in the device's "
+                                                          r"memory even alone \(CUDA out of memory\): embed long"):
+        list(embedder.embed_sentences(EDGE_SENTENCES))

@@ -352,3 +352,29 @@ np.savez(sys.argv[2], **arrays)
         # the empty text's arrays have no token: max(initial=0)
         assert cpu.shape == gpu.shape, key
         assert np.abs(cpu - gpu).max(initial=0) <= tolerance * max(1.0, np.abs(cpu).max(initial=0)), key
+
+
+def test_a_batch_out_of_device_memory_runs_in_halves_with_the_same_layers(elmo_dir, monkeypatch):
+    """The component's biLM batch that the device has no memory for runs in halves (padded back to the batch's
+    positions), each Doc's layers those of the run that had the memory; a sentence that does not fit alone is one
+    clear error."""
+    from test_embed import inject_out_of_memory
+
+    texts = ["The bank raised rates. We sat on the river bank.", "Hi", "", "A much longer sentence of words here ."]
+    nlp = elmo_pipeline(elmo_dir, sentencizer=True)
+    expected = [doc._.elmo_layers for doc in nlp.pipe(texts)]
+    calls = inject_out_of_memory(monkeypatch, lambda ids: ids.shape[0] > 1)  # one sentence at a time fits
+    got = [doc._.elmo_layers for doc in nlp.pipe(texts)]
+    assert calls[0][0] == 4 and sum(rows for rows, _ in calls if rows == 1) == 4
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    inject_out_of_memory(monkeypatch, lambda ids: ids.shape[1] > 8)  # at most 6 words
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="^a sentence of 8 words does not fit in the device's memory"):
+        nlp("A much longer sentence of words here .")
+    # Fine-tuning needs the batch whole for its backward pass: one clear error that names the setting.
+    docs = [nlp.make_doc(text) for text in texts]
+    for doc in docs:
+        nlp.get_pipe("sentencizer")(doc)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^fine-tuning the biLM on a batch of 4 sentences \(40 "
+                                                           r"padded positions\) ran out of device memory: lower"):
+        nlp.get_pipe("elmo").model.begin_update(docs)
