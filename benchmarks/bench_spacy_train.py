@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from profiling import StepProfiler
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 # A biLM too small to cost anything but the host's time (its LSTMs, highway and char CNN run all the same), without
@@ -48,10 +50,16 @@ class StageTimer:
     """Per training step: its seconds, the seconds of each stage, the Docs the biLM read, whether it evaluated.
 
     `attach(nlp)` (run as `[initialize] after_init`) wraps the stages; `log_step` (the training logger's) closes a
-    step. `sync` is called at the end of every timed call (`torch.cuda.synchronize` for `--sync`)."""
+    step. `sync` is called at the end of every timed call (`torch.cuda.synchronize` for `--sync`); `profile` puts a
+    window of steps under torch.profiler (`profiling.StepProfiler`, on `device`)."""
 
-    def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, sync: Callable[[], None] = lambda: None, profile: tuple[int, int] | None = None,
+                 device: str = "cpu") -> None:
         self.sync = sync
+        # (first, count): the steps first + 1 .. first + count under torch.profiler, summarised in `profile_summary`.
+        self.profile_window = profile
+        self.profiler = StepProfiler(device) if profile else None
+        self.profile_summary: dict[str, Any] | None = None
         self.steps: list[dict[str, Any]] = []
         self.evaluations: list[dict[str, Any]] = []
         self._stages: Counter = Counter()
@@ -126,7 +134,13 @@ class StageTimer:
             self.evaluations.append({**info, "at": len(self.steps) - 1})
         self._stages.clear()
         self._read_docs = self._words = 0
-        self._last = now
+        if self.profiler is not None:
+            first, count = self.profile_window
+            if len(self.steps) == first:
+                self.profiler.start()
+            elif len(self.steps) == first + count:
+                self.profile_summary = self.profiler.stop(count)
+        self._last = time.perf_counter()
 
     def summary(self, warm_up: int) -> dict[str, Any]:
         """Steps/s and words/s over the timed steps (after `warm_up`, evaluations left out), and the median ms of

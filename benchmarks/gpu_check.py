@@ -1,29 +1,37 @@
-"""One command that checks every GPU path of the project and measures it, in at most 8 minutes.
+"""One command that checks every GPU path of the project and measures it, in at most 7 minutes on an H100.
 
     python benchmarks/gpu_check.py [--quick] [--out DIR] [--device cuda|cpu] [--phases tests,parity,...]
     make gpu-check
 
-Phases, each job a fresh process under its own time limit (one slow job cannot eat the others):
+Phases, each job a fresh process under its own time limit (one slow job cannot eat the others; the limits of the
+default run add up to at most 7 minutes, each at least 1.5 times the job's time measured or estimated):
 - `tests`: the CUDA tests (`pytest -m cuda`);
 - `parity`: the default model's layers on the device against the CPU's in float32, and the drift of bf16 and fp16
   autocast from float32 (max abs difference and minimum row cosine per layer) on CoNLL-2003 dev sentences;
-- `inference`: the default model over CoNLL-2003 dev sentences tokenized beforehand, words/s at batch 1 / 32 / 256 in
-  float32, bf16 and fp16, and the median latency of one 24-word sentence;
+- `inference`: the default model over CoNLL-2003 dev sentences tokenized beforehand, words/s at batch 1 (sentences
+  in their own order: a representative sample of lengths) / 32 / 256 in float32, bf16 and fp16, the median latency
+  of one 24-word sentence, and a profile of batches of 256 in each precision;
 - `embed`: `elmo embed --device cuda` of the same sentences into .npy and .hdf5, float32 and `--bf16`: seconds and
-  words/s of each command (the model's loading included), its warnings, and the bf16 output's drift;
-- `spacy`: `spacy train` (`--gpu-id 0`) of the shipped NER config with ELMo, with `mixed_precision = true`, and
-  without ELMo (`init-config --elmo none`), and of the textcat config with and without ELMo: steps/s (evaluation
-  left out), training words/s, the host ms per step of each stage (the biLM, the ELMo mixes, the task's features,
-  the rest; `bench_spacy_train.py`) in steps where the biLM read Docs and in steps served by its cache, the dev
-  score, peak GPU memory, GPU utilisation (NVML / `nvidia-smi`, sampled every 0.2 s), the warnings printed during
-  the steps, and the trained pipeline's `nlp.pipe` words/s on the dev set;
+  words/s of each command (the model's loading included), and the bf16 output's drift;
+- `spacy`: `spacy train` (`--gpu-id 0`) of the shipped NER config with ELMo and without (`init-config --elmo none`),
+  and of the textcat config with and without ELMo, on the first training documents (so that the frozen biLM's cache
+  serves the later steps): steps/s (evaluation left out), training words/s, the host ms per step of each stage
+  (`bench_spacy_train.py`), in steps where the biLM read Docs and in steps its cache served, the dev score, and the
+  trained pipeline's `nlp.pipe` words/s on dev (`spacy/ner-elmo-mixed`, with `mixed_precision = true`, by name only);
 - `pretrain`: `elmo pretrain` of the default and the small architecture with their GPU recipes' batch sizes, loader
-  workers and bf16, on Penn Treebank: tokens/s (the log's, after the first window), peak memory, warnings, and a
-  second command that resumes from the checkpoint and goes on.
+  workers and bf16, on Penn Treebank: tokens/s (the log's, after the first window), the host ms in each step and
+  between steps (the loader), which recurrence the biLSTM took, and a second command that resumes from the
+  checkpoint and goes on.
+
+Every job but `tests` and `parity` also profiles a few of its steps (`profiling.py`: the 10 operations with the most
+host and device time, kernels and launches per step, the share of a step the device is busy), samples the GPU's
+utilisation and memory, and counts every warning by origin (each distinct one once, with its count). Results are
+written as they come: a job that times out keeps what it measured. `targets` compares the figures with the project's
+GPU targets.
 
 Without CUDA (or with `--device cpu`) the same phases run on the CPU at toy sizes (a CI test runs this form).
 The report goes to `--out` (default `$OUT` if set, else `gpu_check/`): gpu_check.json, gpu_check.md, and
-gpu_check.log with every job's output.
+gpu_check.log with each job's output (at most 160 KB of it per job, its start and end).
 """
 
 from __future__ import annotations
@@ -49,32 +57,53 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 CONLL = DATA / "conll2003" / "iob2"
 PTB = DATA / "ptb"
+PROJECT = tuple(str(REPO / package) for package in ("hf_elmo", "spacy_elmo", "training", "benchmarks"))
 # A tiny biLM for the CPU form of the pretraining phase.
 TOY_ARCHITECTURE = {"char_embedding_dim": 4, "filters": [[1, 8], [2, 8]], "n_highway": 1, "lstm_dim": 32,
                     "projection_dim": 16}
+# The output of a job kept in gpu_check.log: its first and last KB.
+LOG_HEAD, LOG_TAIL = 32_000, 128_000
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much each phase does: the GPU form (`quick` halves the spaCy and pretraining steps) or the CPU toy form."""
+    """How much each phase does: the GPU form (`quick`: about half) or the CPU toy form."""
 
     parity_sentences: int
     inference_sentences: int
     batch_sizes: tuple[int, ...]
-    latency_calls: int
-    spacy_steps: int
+    latency_sentences: int  # batch 1: this many sentences in their own order
+    latency_calls: int  # the 24-word sentence
+    spacy_steps: int  # NER; textcat takes two thirds of them
     spacy_batch_words: int | None  # None: the config's
-    spacy_train_docs: int | None  # None: all
-    spacy_dev_docs: int | None
+    spacy_train_docs: int
+    spacy_dev_docs: int
     pretrain_steps: int
     pretrain_resume_steps: int
     pretrain_logging_steps: int
+    profile_steps: int
     toy: bool
 
 
-GPU = Sizes(64, 3250, (1, 32, 256), 50, 300, None, None, None, 60, 20, 20, False)
-GPU_QUICK = Sizes(64, 1024, (1, 32, 256), 30, 150, None, None, None, 30, 10, 10, False)
-CPU_TOY = Sizes(4, 16, (1, 8), 3, 4, 300, 24, 12, 4, 2, 2, True)
+GPU = Sizes(64, 3250, (1, 32, 256), 200, 50, 90, None, 360, 200, 40, 10, 10, 3, False)
+GPU_QUICK = Sizes(32, 1024, (1, 32, 256), 100, 30, 45, None, 180, 100, 20, 10, 10, 2, False)
+CPU_TOY = Sizes(4, 16, (1, 8), 4, 3, 6, 300, 24, 12, 4, 2, 2, 2, True)
+
+# Per phase its jobs: (name, worker arguments, time limit in seconds). The default run's limits add up to 417 s: each
+# at least 1.5 times the job's time on the H100 of 2026-11-27 scaled to these sizes (tests 76 s, parity 12, inference
+# 22, embed 17, NER with ELMo ~32 at 90 steps of ~140 ms plus set-up, pretraining 24-28 at 100 steps).
+JOBS = {
+    "tests": [("tests", ["tests"], 110)],
+    "parity": [("parity", ["parity"], 18)],
+    "inference": [("inference", ["inference"], 34)],
+    "embed": [("embed", ["embed"], 25)],
+    "spacy": [(f"spacy/{task}-{elmo}", ["spacy", task, elmo], limit) for task, elmo, limit in
+              (("ner", "elmo", 48), ("ner", "none", 40), ("textcat", "elmo", 36), ("textcat", "none", 30))],
+    "pretrain": [(f"pretrain/{recipe}", ["pretrain", recipe], limit)
+                 for recipe, limit in (("english_default_gpu", 40), ("english_small", 36))],
+}
+# Jobs run only when named in --phases.
+EXTRA_JOBS = {"spacy": [("spacy/ner-elmo-mixed", ["spacy", "ner", "elmo-mixed"], 48)]}
 
 
 # -- the parent: jobs, limits, sampling, report ------------------------------------------------------------------
@@ -132,15 +161,27 @@ class GpuSampler:
                 "memory_used_peak_mib": round(max(m for _, m in self.samples))}
 
 
-def run_job(name: str, args: list[str], limit: float, work: Path, log: Path) -> dict:
-    """This script in a fresh process as the worker `args`, killed after `limit` seconds; its JSON result (or why
-    there is none) with the wall time and the GPU samples."""
-    result_file = work / f"{name.replace('/', '-')}.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", *args, "--result", str(result_file)]
+def kept_output(text: str) -> str:
+    """A job's output as the log keeps it: all of it, or its first `LOG_HEAD` and last `LOG_TAIL` characters."""
+    if len(text) <= LOG_HEAD + LOG_TAIL:
+        return text
+    cut = len(text) - LOG_HEAD - LOG_TAIL
+    return f"{text[:LOG_HEAD]}\n[... {cut:,} characters left out ...]\n{text[-LOG_TAIL:]}"
+
+
+def worker_command(args: list[str]) -> list[str]:
+    """This script run as the worker `args`."""
+    return [sys.executable, str(Path(__file__).resolve()), "--worker", *args]
+
+
+def run_job(name: str, command: list[str], limit: float, work: Path, log: Path) -> dict:
+    """`command --result FILE` in a fresh process, killed after `limit` seconds; the JSON it wrote to FILE (before a
+    time-out, too) with the wall time, the limit and the GPU samples; its output, cut to size, into `log`."""
+    stem = name.replace("/", "-")
+    result_file, output_file = work / f"{stem}.json", work / f"{stem}.out"
+    command = [*command, "--result", str(result_file)]
     start = time.perf_counter()
-    with log.open("a", encoding="utf-8") as out, GpuSampler() as sampler:
-        out.write(f"\n===== {name}: {' '.join(command[2:])} (limit {limit:.0f} s)\n")
-        out.flush()
+    with output_file.open("w", encoding="utf-8") as out, GpuSampler() as sampler:
         try:
             process = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=limit,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", "ANSI_COLORS_DISABLED": "1",
@@ -148,87 +189,149 @@ def run_job(name: str, args: list[str], limit: float, work: Path, log: Path) -> 
             status = "ok" if process.returncode == 0 else f"failed (exit {process.returncode})"
         except subprocess.TimeoutExpired:
             status = f"timed out after {limit:.0f} s"
+    seconds = time.perf_counter() - start
+    with log.open("a", encoding="utf-8") as out:
+        out.write(f"\n===== {name}: {' '.join(command[1:])} (limit {limit:.0f} s): {status}, {seconds:.1f} s\n")
+        out.write(kept_output(output_file.read_text(encoding="utf-8", errors="replace")))
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
-    if status == "ok" and not result:
+    if status == "ok" and not result.pop("finished", False):
         status = "failed (no result)"
-    return {"job": name, "status": status, "wall_seconds": round(time.perf_counter() - start, 1),
-            "gpu": sampler.summary(), **result}
+    result.pop("finished", None)
+    return {"job": name, "status": status, "wall_seconds": round(seconds, 1), "limit_seconds": limit,
+            "limit_ratio": round(limit / seconds, 2), "gpu": sampler.summary(), **result}
 
 
-def jobs(sizes: Sizes, device: str) -> dict[str, list[tuple[str, list[str], float]]]:
-    """Per phase its jobs: (name, worker arguments, time limit in seconds); the limits add up to 7.8 minutes."""
-    common = ["--device", device, "--sizes", json.dumps(sizes.__dict__)]
-    spacy_runs = [("ner", "elmo", 70), ("ner", "elmo-mixed", 70), ("ner", "none", 35), ("textcat", "elmo", 40),
-                  ("textcat", "none", 25)]
-    return {
-        "tests": [("tests", ["tests", *common], 45)],
-        "parity": [("parity", ["parity", *common], 30)],
-        "inference": [("inference", ["inference", *common], 45)],
-        "embed": [("embed", ["embed", *common], 35)],
-        "spacy": [(f"spacy/{task}-{elmo}", ["spacy", task, elmo, *common], limit) for task, elmo, limit in spacy_runs],
-        "pretrain": [(f"pretrain/{recipe}", ["pretrain", recipe, *common], 40)
-                     for recipe in ("english_default_gpu", "english_small")],
-    }
+def select_jobs(selected: list[str]) -> dict[str, list[tuple[str, list[str], float]]]:
+    """The jobs of the phases named in `selected`, and the single jobs it names."""
+    chosen = {}
+    for phase, phase_jobs in JOBS.items():
+        jobs = [job for job in [*phase_jobs, *EXTRA_JOBS.get(phase, [])]
+                if job[0] in selected or (phase in selected and job in phase_jobs)]
+        if jobs:
+            chosen[phase] = jobs
+    return chosen
 
 
 def headline(phase: str, result: dict) -> str:
     """The figures of a job that the summary table shows."""
-    if result["status"] != "ok":
-        return ""
+    if "error" in result:
+        return result["error"]
     gpu = result.get("gpu")
-    utilisation = f"; GPU busy {gpu['utilisation_mean']} % on average" if gpu else ""
+    busy = result.get("profile", {}).get("device_busy_share")
+    utilisation = (f"; GPU busy {gpu['utilisation_mean']} % (NVML)" if gpu else "") + (
+        f", {100 * busy:.0f} % of the profiled steps" if busy is not None else "")
     if phase == "tests":
-        return f"{result['passed']} passed, {result['failures'] + result['errors']} failed, {result['skipped']} skipped"
+        return (f"{result.get('passed')} passed, {result.get('failures', 0) + result.get('errors', 0)} failed, "
+                f"{result.get('skipped')} skipped" if "passed" in result else "")
     if phase == "parity":
         return "; ".join(f"{name} max abs {max(result[name]['max_abs_per_layer']):.2g}, min cosine "
-                         f"{result[name]['min_row_cosine']:.5f}" for name in ("float32", "bf16", "fp16"))
+                         f"{result[name]['min_row_cosine']:.5f}" for name in ("float32", "bf16", "fp16")
+                         if name in result)
     if phase == "inference":
-        rates = ", ".join(f"{key} {value:,}" for key, value in result["words_per_second"].items())
-        latency = ", ".join(f"{key} {value} ms" for key, value in result["latency_ms_24_words"].items())
-        return f"words/s: {rates}; one sentence: {latency}"
+        rates = ", ".join(f"{key} {value:,}" for key, value in result.get("words_per_second", {}).items())
+        latency = ", ".join(f"{key} {value} ms" for key, value in result.get("latency_ms_24_words", {}).items())
+        return f"words/s: {rates}; one 24-word sentence: {latency}{utilisation}"
     if phase == "embed":
-        rates = ", ".join(f"{key} {value['words_per_second']:,}" for key, value in result["commands"].items())
-        return (f"words/s (loading included): {rates}; bf16 max abs {result['bf16_max_abs']:.2g}, "
-                f"{result['warnings_total']} warnings")
+        rates = ", ".join(f"{key} {value['words_per_second']:,}" for key, value in result.get("commands", {}).items())
+        return f"words/s (loading included): {rates}; bf16 max abs {result.get('bf16_max_abs', float('nan')):.2g}"
     if phase == "spacy":
-        score = next(f"{key[4:]} {value}" for key, value in result.items() if key.startswith("dev_"))
+        if "steps_per_second" not in result:
+            return ""
+        score = next((f"{key[4:]} {value}" for key, value in result.items() if key.startswith("dev_")), "")
         stages = "".join(
             f"; {kind} steps {result[key]['step']} ms, ELMo {result[key]['elmo'] + result[key]['elmo mixes']:.1f} "
             f"ms of it" for kind, key in (("biLM-reading", "ms_per_step_reading"), ("cached", "ms_per_step_cached"))
             if key in result)
         return (f"{result['steps_per_second']} steps/s, {result['training_words_per_second']:,} words/s, dev {score}, "
-                f"{result['warnings_per_step']} warnings/step, pipeline {result['pipeline_words_per_second_dev']:,} "
-                f"words/s{stages}{utilisation}")
-    return (f"{result['tokens_per_second']:,} tokens/s ({result['mixed_precision']}, batches of "
-            f"{result['batch_tokens']:,}, {result['num_workers']} workers), resume "
-            f"{'ok' if result['resume_ok'] else 'FAILED'}, {result['warnings_total']} warnings{utilisation}")
+                f"pipeline {result.get('pipeline_words_per_second_dev', 0):,} words/s{stages}{utilisation}")
+    if "tokens_per_second" not in result:
+        return ""
+    return (f"{result['tokens_per_second']:,} tokens/s ({result['mixed_precision']} autocast, batches of "
+            f"{result['batch_tokens']:,}, {result['num_workers']} workers, {result['recurrence']}), host "
+            f"{result['host_ms_per_step']} ms in a step and {result['host_ms_between_steps']} between, resume "
+            f"{'ok' if result.get('resume_ok') else 'FAILED'}{utilisation}")
+
+
+def targets(report: dict) -> list[dict]:
+    """The project's GPU targets against the figures (on a GPU only)."""
+    jobs = {r["job"]: r for results in report["phases"].values() for r in results}
+    rates = jobs.get("inference", {}).get("words_per_second", {})
+    latency = jobs.get("inference", {}).get("latency_ms_24_words", {})
+    pretrain = jobs.get("pretrain/english_default_gpu", {})
+    ner = {name: jobs.get(f"spacy/ner-{name}", {}).get("steps_per_second") for name in ("elmo", "none")}
+    checks = [("default model >= 1,000,000 words/s at batch 256 (float32)", rates.get("float32, batch 256"),
+               lambda v: v >= 1e6)]
+    for size in (32, 256):
+        for name in ("bf16", "fp16"):
+            checks.append((f"{name} at least as fast as float32 at batch {size}",
+                           rates.get(f"{name}, batch {size}") and rates.get(f"float32, batch {size}") and round(
+                               rates[f"{name}, batch {size}"] / rates[f"float32, batch {size}"], 2),
+                           lambda v: v >= 1.0))
+    checks += [
+        ("one 24-word sentence <= 3 ms (float32)", latency.get("float32"), lambda v: v <= 3.0),
+        ("pretraining the default architecture >= 500,000 tokens/s", pretrain.get("tokens_per_second"),
+         lambda v: v >= 5e5),
+        ("pretraining: the device busy >= 60 % of a step (profile)",
+         pretrain.get("profile", {}).get("device_busy_share"), lambda v: v >= 0.6),
+        ("spaCy NER with ELMo within 20 % of the time per step without ELMo",
+         ner["elmo"] and ner["none"] and round(ner["none"] / ner["elmo"], 2), lambda v: v <= 1.2),
+    ]
+    return [{"target": name, "value": value, "met": None if not value else bool(test(value))}
+            for name, value, test in checks]
 
 
 def write_report(report: dict, out: Path) -> None:
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     lines = [f"# gpu_check: {report['device']}", "", f"{report['started']}, {report['sizes']} sizes, "
              f"{report['wall_seconds']:.0f} s in all; {report['versions']}", "",
-             "| job | status | s | figures |", "|---|---|---|---|"]
+             "| job | status | s (limit) | figures |", "|---|---|---|---|"]
     for phase, results in report["phases"].items():
-        lines += [f"| {r['job']} | {r['status']} | {r['wall_seconds']} | {headline(phase, r)} |" for r in results]
+        lines += [f"| {r['job']} | {r['status']} | {r['wall_seconds']} ({r['limit_seconds']}) | {headline(phase, r)} |"
+                  for r in results]
+    if report.get("targets"):
+        lines += ["", "| target | value | met |", "|---|---|---|"]
+        lines += [f"| {t['target']} | {t['value']} | {'-' if t['met'] is None else 'yes' if t['met'] else 'NO'} |"
+                  for t in report["targets"]]
     lines.append("")
     for phase, results in report["phases"].items():
         lines += [f"## {phase}", ""]
         for result in results:
-            lines.append(f"- **{result['job']}**: {result['status']}, {result['wall_seconds']} s")
+            lines.append(f"- **{result['job']}**: {result['status']}, {result['wall_seconds']} s of a "
+                         f"{result['limit_seconds']} s limit")
             lines += [f"  - {key}: {json.dumps(value)}" for key, value in result.items()
-                      if key not in ("job", "status", "wall_seconds")]
+                      if key not in ("job", "status", "wall_seconds", "limit_seconds", "profile")]
+            if "profile" in result:
+                lines += profile_lines(result["profile"])
         lines.append("")
     (out / "gpu_check.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def profile_lines(profiles: dict) -> list[str]:
+    """A job's profiles (one, or several by name) as Markdown lines."""
+    named = profiles if "ms_per_step" not in profiles else {"": profiles}
+    lines = []
+    for name, profile in named.items():
+        figures = ", ".join(f"{key} {profile[key]}" for key in ("ms_per_step", "kernels_per_step", "launches_per_step",
+                                                                 "device_busy_share", "aten_ops_per_step")
+                            if key in profile)
+        lines.append(f"  - profile{' ' + name if name else ''} ({profile['steps']} steps): {figures}")
+        for kind in ("top_device", "top_host"):
+            ops = "; ".join(f"{op['op']} {op['ms_per_step']} ms ({op['calls_per_step']}/step)"
+                            for op in profile.get(kind, []))
+            if ops:
+                lines.append(f"    - {kind.replace('_', ' ')}: {ops}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="half the spaCy and pretraining steps")
+    parser.add_argument("--quick", action="store_true", help="about half the sizes (steps, sentences)")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check"))
-    parser.add_argument("--phases", default="tests,parity,inference,embed,spacy,pretrain",
+    parser.add_argument("--phases", default=",".join(JOBS),
                         help="phases, or single jobs by name (e.g. spacy/ner-elmo,pretrain/english_small)")
+    parser.add_argument("--limit-scale", type=float, default=1.0,
+                        help="multiply every job's time limit (e.g. 2 on a slower card than an H100)")
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -242,7 +345,7 @@ def main() -> None:
         parser.error("--device cuda: torch sees no CUDA device")
     sizes = CPU_TOY if device == "cpu" else GPU_QUICK if args.quick else GPU
     args.out.mkdir(parents=True, exist_ok=True)
-    # The jobs' data, pipelines and outputs (GBs on a GPU) stay out of --out, which holds the report alone.
+    # The jobs' data, pipelines, outputs (GBs on a GPU) and full logs stay out of --out, which holds the report alone.
     work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
     log = args.out / "gpu_check.log"
     log.write_text("", encoding="utf-8")
@@ -250,23 +353,22 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if device == "cuda" else cpu
     report = {"device": name, "sizes": "toy (CPU)" if sizes.toy else "quick" if args.quick else "full",
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": versions(), "phases": {}}
+    common = ["--device", device, "--sizes", json.dumps(sizes.__dict__), "--work", str(work)]
     start = time.perf_counter()
-    selected = args.phases.split(",")
     try:
-        for phase, phase_jobs in jobs(sizes, device).items():
-            phase_jobs = [job for job in phase_jobs if phase in selected or job[0] in selected]
-            if not phase_jobs:
-                continue
+        for phase, phase_jobs in select_jobs(args.phases.split(",")).items():
             report["phases"][phase] = []
             for job_name, job_args, limit in phase_jobs:
-                result = run_job(job_name, [*job_args, "--work", str(work)], limit, work, log)
+                limit = round(limit * args.limit_scale)
+                result = run_job(job_name, worker_command([*job_args, *common]), limit, work, log)
                 report["phases"][phase].append(result)
-                print(f"{job_name}: {result['status']} ({result['wall_seconds']} s)", flush=True)
+                print(f"{job_name}: {result['status']} ({result['wall_seconds']} s of {limit})", flush=True)
                 report["wall_seconds"] = time.perf_counter() - start
                 write_report(report, args.out)  # as it goes: a killed run leaves what it measured
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report["wall_seconds"] = time.perf_counter() - start
+    report["targets"] = targets(report) if device == "cuda" else []
     write_report(report, args.out)
     failed = [r["job"] for results in report["phases"].values() for r in results if r["status"] != "ok"]
     print(f"report: {args.out / 'gpu_check.md'}; " + (f"not ok: {', '.join(failed)}" if failed else "all jobs ok"))
@@ -291,19 +393,33 @@ def versions() -> str:
 # -- the workers ---------------------------------------------------------------------------------------------------
 
 
+class Result(dict):
+    """A worker's figures, written to its result file at every `update`: a job killed at its time limit keeps what
+    it measured."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def update(self, *args, **figures) -> None:
+        super().update(*args, **figures)
+        self.path.write_text(json.dumps(self), encoding="utf-8")
+
+
 @contextlib.contextmanager
 def counted_warnings(stage: Callable[[], str] = lambda: "") -> Iterator[Counter]:
-    """Every warning shown while inside (each occurrence, not once per place), counted by `stage()` when shown,
-    category and message."""
+    """Every warning raised inside (each occurrence, none shown), counted by `stage()`, origin (the project's code or
+    a third party's, by the file the warning names), category, message and place."""
     counts: Counter = Counter()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        shown = warnings.showwarning
 
         def count(message, category, filename, lineno, file=None, line=None) -> None:
-            counts[f"{stage()}{category.__name__}: {str(message)[:120]} ({Path(filename).name}:{lineno})"] += 1
-            shown(message, category, filename, lineno, file, line)
+            origin = "project" if str(filename).startswith(PROJECT) else "third-party"
+            counts[f"{stage()}{origin} | {category.__name__}: {str(message)[:160]} ({Path(filename).name}:"
+                   f"{lineno})"] += 1
 
+        shown = warnings.showwarning
         warnings.showwarning = count
         try:
             yield counts
@@ -333,22 +449,25 @@ def peak_memory(device: str) -> dict:
     return {"torch_peak_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20)}
 
 
-def worker_tests(device: str, sizes: Sizes, work: Path) -> dict:
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "--junitxml",
-               str(work / "cuda-tests.xml")]
+def worker_tests(device: str, sizes: Sizes, work: Path, result: Result) -> None:
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "--durations=10",
+               "--junitxml", str(work / "cuda-tests.xml")]
     process = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    print(process.stdout[-4000:], process.stderr[-2000:])
+    print(process.stdout[-12000:], process.stderr[-4000:])
     import xml.etree.ElementTree as ElementTree
 
     suite = ElementTree.parse(work / "cuda-tests.xml").getroot().find("testsuite")
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
     failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
               if case.find("failure") is not None or case.find("error") is not None]
-    return {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
-            "failed_tests": failed, "exit_code": process.returncode}
+    slowest = sorted(((float(case.get("time", 0)), case.get("name")) for case in suite.iter("testcase")),
+                     reverse=True)[:5]
+    result.update(**counts, passed=counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+                  failed_tests=failed, slowest_seconds={name: round(t, 1) for t, name in slowest},
+                  exit_code=process.returncode)
 
 
-def worker_parity(device: str, sizes: Sizes, work: Path) -> dict:
+def worker_parity(device: str, sizes: Sizes, work: Path, result: Result) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -363,18 +482,17 @@ def worker_parity(device: str, sizes: Sizes, work: Path) -> dict:
         model.to(device)
         cache, on_device = ElmoInferenceCache(), batch.to(device)
         mask = batch.attention_mask.bool()
-        result = {"sentences": len(sentences)}
+        result.update(sentences=len(sentences),
+                      compared_with="the CPU in float32 (on a CPU: the same computation, so float32 gives 0)")
         for name, dtype in (("float32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
             with counted_warnings() as caught, torch.autocast(device, dtype=dtype or torch.float32,
                                                               enabled=dtype is not None):
                 layers = [layer.float().cpu() for layer in model(**on_device, inference_cache=cache).hidden_states]
             rows = [(a[mask], b[mask]) for a, b in zip(layers, reference)]
-            result[name] = {
+            result.update({name: {
                 "max_abs_per_layer": [float((a - b).abs().max()) for a, b in rows],
                 "min_row_cosine": min(float(F.cosine_similarity(a, b, dim=-1).min()) for a, b in rows),
-                "warnings": dict(caught)}
-    result["compared_with"] = "the CPU in float32 (on a CPU: the same computation, so float32 gives 0)"
-    return result
+                "warnings": dict(caught)}})
 
 
 def run_batches(model, batches: list, device: str, autocast, cache) -> None:
@@ -388,35 +506,50 @@ def run_batches(model, batches: list, device: str, autocast, cache) -> None:
         torch.cuda.synchronize()
 
 
-def worker_inference(device: str, sizes: Sizes, work: Path) -> dict:
+def worker_inference(device: str, sizes: Sizes, work: Path, result: Result) -> None:
     import torch
+    from profiling import StepProfiler
 
     from hf_elmo import DEFAULT_MODEL_NAME, ElmoInferenceCache, ElmoModel, load_model, load_tokenizer
 
-    sentences = sorted(conll_sentences("valid", sizes.inference_sentences), key=len)
-    words = sum(map(len, sentences))
+    in_order = conll_sentences("valid", sizes.inference_sentences)
+    sentences = sorted(in_order, key=len)
+    # Batch 1 on every k-th sentence in the file's order: a representative sample of lengths.
+    sample = in_order[:: max(1, len(in_order) // sizes.latency_sentences)][: sizes.latency_sentences]
     tokenizer = load_tokenizer(DEFAULT_MODEL_NAME)
     model = load_model(DEFAULT_MODEL_NAME, ElmoModel).eval().to(device)
     synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     single = next((s for s in sentences if len(s) >= 24), sentences[-1])[:24]
     dtypes = [("float32", None), ("bf16", torch.bfloat16)] + ([("fp16", torch.float16)] if device == "cuda" else [])
-    result = {"sentences": len(sentences), "words": words, "words_per_second": {}, "latency_ms_24_words": {}}
+    result.update(sentences=len(sentences), words=sum(map(len, sentences)), batch_1_sample_sentences=len(sample),
+                  batch_1_sample_mean_words=round(statistics.mean(map(len, sample)), 1), words_per_second={},
+                  latency_ms_24_words={}, profile={})
+
+    def prepared(groups: list[list[list[str]]]) -> list:
+        return [tokenizer.batch(group).pin_memory() if device == "cuda" else tokenizer.batch(group)
+                for group in groups]
+
     with counted_warnings() as caught, torch.inference_mode():
         for name, dtype in dtypes:
             autocast = torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None)
             cache = ElmoInferenceCache(token_cache_size=0)  # every word through the char CNN: text never seen
             for batch_size in sizes.batch_sizes:
-                batches = [tokenizer.batch(sentences[i : i + batch_size]).pin_memory() if device == "cuda" else
-                           tokenizer.batch(sentences[i : i + batch_size]) for i in range(0, len(sentences), batch_size)]
-                if batch_size == 1:  # batch 1: the first 200 sentences are enough
-                    batches = batches[:200]
-
+                if batch_size == 1:
+                    batches = prepared([[sentence] for sentence in sample])
+                else:
+                    batches = prepared([sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)])
                 run_batches(model, batches, device, autocast, cache)  # warm-up: the cache's weights, cuDNN's plans
                 start = time.perf_counter()
                 run_batches(model, batches, device, autocast, cache)
                 seconds = time.perf_counter() - start
                 counted = sum(sum(batch.word_counts) for batch in batches)
                 result["words_per_second"][f"{name}, batch {batch_size}"] = round(counted / seconds)
+                if batch_size == max(sizes.batch_sizes):
+                    profiler = StepProfiler(device)
+                    profiler.start()
+                    run_batches(model, batches[: sizes.profile_steps], device, autocast, cache)
+                    result["profile"][f"{name}, batch {batch_size}"] = profiler.stop(sizes.profile_steps)
+                result.update()
             one = tokenizer.batch([single])
             timings = []
             for call in range(sizes.latency_calls + 5):
@@ -427,11 +560,11 @@ def worker_inference(device: str, sizes: Sizes, work: Path) -> dict:
                 if call >= 5:
                     timings.append(time.perf_counter() - start)
             result["latency_ms_24_words"][name] = round(1e3 * statistics.median(timings), 2)
-    result["warnings"] = dict(caught)
-    return {**result, **peak_memory(device)}
+            result.update()
+    result.update(warnings=dict(caught), **peak_memory(device))
 
 
-def worker_embed(device: str, sizes: Sizes, work: Path) -> dict:
+def worker_embed(device: str, sizes: Sizes, work: Path, result: Result) -> None:
     """`elmo embed` (the CLI, in this process) of CoNLL-2003 dev sentences, one per line, into .npy and .hdf5, in
     float32 and with `--bf16`: seconds per command (the model's loading included), words/s, warnings, and the
     bf16 output's distance from float32's."""
@@ -443,7 +576,7 @@ def worker_embed(device: str, sizes: Sizes, work: Path) -> dict:
     source = work / "conll-dev.txt"
     source.write_text("".join(" ".join(words) + "\n" for words in sentences), encoding="utf-8")
     words = sum(map(len, sentences))
-    result: dict = {"sentences": len(sentences), "words": words, "commands": {}}
+    result.update(sentences=len(sentences), words=words, commands={})
     with counted_warnings() as caught:
         for precision in ("float32", "bf16"):
             for suffix in (".npy", ".hdf5"):
@@ -457,29 +590,35 @@ def worker_embed(device: str, sizes: Sizes, work: Path) -> dict:
                 result["commands"][f"{precision} {suffix}"] = {
                     "seconds": round(seconds, 2), "words_per_second": round(words / seconds),
                     "warnings": sum(caught.values()) - before, "bytes": output.stat().st_size}
+                result.update()
     exact, low = np.load(work / "embed-float32.npy"), np.load(work / "embed-bf16.npy")
     rows = exact.reshape(-1, exact.shape[-1]), low.reshape(-1, low.shape[-1])
     cosine = (rows[0] * rows[1]).sum(-1) / (np.linalg.norm(rows[0], axis=-1) * np.linalg.norm(rows[1], axis=-1))
-    return {**result, "shape": list(exact.shape), "finite": bool(np.isfinite(exact).all() and np.isfinite(low).all()),
-            "bf16_max_abs": float(np.abs(exact - low).max()), "bf16_min_row_cosine": float(cosine.min()),
-            "warnings": dict(caught), "warnings_total": sum(caught.values()), **peak_memory(device)}
+    result.update(shape=list(exact.shape), finite=bool(np.isfinite(exact).all() and np.isfinite(low).all()),
+                  bf16_max_abs=float(np.abs(exact - low).max()), bf16_min_row_cosine=float(cosine.min()),
+                  warnings=dict(caught), warnings_total=sum(caught.values()), **peak_memory(device))
 
 
-def worker_spacy(task: str, elmo: str, device: str, sizes: Sizes, work: Path) -> dict:
+def worker_spacy(task: str, elmo: str, device: str, sizes: Sizes, work: Path, result: Result) -> None:
     import spacy
     from bench_spacy_train import MAIN_SCORES, StageTimer, train_and_time
     from spacy.tokens import DocBin
     from thinc.api import require_gpu
 
-    timer = StageTimer()  # host times: the steps run as in any training, never waiting for the device
+    steps = sizes.spacy_steps if task == "ner" else max(2 * sizes.spacy_steps // 3, 4)
+    # The profiled window: a few steps before the last, which evaluates.
+    timer = StageTimer(profile=(steps - sizes.profile_steps - 1, sizes.profile_steps), device=device)
     with counted_warnings(lambda: "steps | " if timer.steps else "set-up | ") as caught:
         pipeline, dev_path = train_and_time(
-            task, elmo != "none", work, timer, steps=sizes.spacy_steps, gpu_id=0 if device == "cuda" else -1,
+            task, elmo != "none", work, timer, steps=steps, gpu_id=0 if device == "cuda" else -1,
             mixed_precision=elmo == "elmo-mixed", batch_words=sizes.spacy_batch_words,
             train_docs=sizes.spacy_train_docs, dev_docs=sizes.spacy_dev_docs)
     in_steps = sum(n for key, n in caught.items() if key.startswith("steps"))
     last = timer.evaluations[-1]
-    main_score = MAIN_SCORES[task]
+    result.update(steps=last["step"], **timer.summary(warm_up=1 if sizes.toy else max(2, steps // 10)),
+                  **{f"dev_{MAIN_SCORES[task]}": round(100 * last["other_scores"].get(MAIN_SCORES[task], 0.0), 2)},
+                  warnings_in_steps=in_steps, warnings_per_step=round(in_steps / max(last["step"], 1), 3),
+                  warnings=dict(caught), profile=timer.profile_summary)
     if device == "cuda":
         require_gpu(0)
     nlp = spacy.load(pipeline)
@@ -487,18 +626,15 @@ def worker_spacy(task: str, elmo: str, device: str, sizes: Sizes, work: Path) ->
     list(nlp.pipe(texts[:32]))  # warm-up
     start = time.perf_counter()
     n_words = sum(len(doc) for doc in nlp.pipe(texts, batch_size=128))
-    pipe_seconds = time.perf_counter() - start
-    return {"steps": last["step"], **timer.summary(warm_up=1 if sizes.toy else max(2, sizes.spacy_steps // 10)),
-            f"dev_{main_score}": round(100 * last["other_scores"].get(main_score, 0.0), 2),
-            "warnings_in_steps": in_steps, "warnings_per_step": round(in_steps / max(last["step"], 1), 3),
-            "warnings": dict(caught), "pipeline_words_per_second_dev": round(n_words / pipe_seconds),
-            **peak_memory(device)}
+    result.update(pipeline_words_per_second_dev=round(n_words / (time.perf_counter() - start)), **peak_memory(device))
 
 
-def worker_pretrain(recipe: str, device: str, sizes: Sizes, work: Path) -> dict:
+def worker_pretrain(recipe: str, device: str, sizes: Sizes, work: Path, result: Result) -> None:
     import yaml
+    from profiling import StepProfiler
 
-    from hf_elmo.training.pretrain import main as pretrain
+    from hf_elmo import ElmoConfig
+    from hf_elmo.training import pretrain as pretraining
 
     settings = yaml.safe_load((REPO / "training" / f"{recipe}.yaml").read_text(encoding="utf-8"))
     architecture = TOY_ARCHITECTURE if sizes.toy else settings.get("model_config", {})
@@ -515,26 +651,51 @@ def worker_pretrain(recipe: str, device: str, sizes: Sizes, work: Path) -> dict:
         "--save_steps", str(sizes.pretrain_steps), "--max_steps",
     ]
     if device == "cpu":
-        common = ["--cpu", "--threads", "2", *common[:-1], "--mixed_precision", "no", common[-1]]
+        common = ["--cpu", "--threads", "2", *common[:-1], "--mixed_precision", "no", common[-1]]  # "no" autocast
     else:
         common = [*common[:-1], "--mixed_precision", settings.get("mixed_precision", "bf16"), common[-1]]
+    result.update(architecture=architecture, batch_tokens=int(common[common.index("--batch_tokens") + 1]),
+                  num_workers=int(common[common.index("--num_workers") + 1]),
+                  mixed_precision=common[common.index("--mixed_precision") + 1])
+    # Each step's host time and the time between steps (the loader's), and a profile of a few steps after warm-up.
+    in_step, between, profiler, step = [], [], StepProfiler(device), pretraining.Pretraining._step
+    first = max(2, sizes.pretrain_steps // 2)
+
+    def timed_step(self, batch: dict) -> None:
+        start = time.perf_counter()
+        if in_step:
+            between.append(start - timed_step.last)
+        if len(in_step) == first:
+            profiler.start()
+        step(self, batch)
+        if len(in_step) == first + sizes.profile_steps - 1:
+            result.update(profile=profiler.stop(sizes.profile_steps))
+        timed_step.last = time.perf_counter()
+        in_step.append(timed_step.last - start)
+
+    pretraining.Pretraining._step = timed_step
     log = output / "training_log.jsonl"
     with counted_warnings() as caught:
-        pretrain([*common, str(sizes.pretrain_steps)])
+        pretraining.main([*common, str(sizes.pretrain_steps)])
         first_run = [json.loads(line) for line in log.read_text().splitlines()]
-        pretrain([*common, str(sizes.pretrain_steps + sizes.pretrain_resume_steps), "--resume"])
+        speeds = [r["tokens_per_second"] for r in first_run if "tokens_per_second" in r]
+        config = ElmoConfig.from_pretrained(output)
+        clipped = config.cell_clip is not None or config.proj_clip is not None
+        result.update(
+            tokens_per_second_per_window=[round(speed) for speed in speeds],
+            tokens_per_second=round(statistics.mean(speeds[1:] or speeds)) if speeds else None,
+            host_ms_per_step=round(1e3 * statistics.median(in_step[1:] or in_step), 1),
+            host_ms_between_steps=round(1e3 * statistics.median(between[1:] or between or [0.0]), 1),
+            recurrence="step loop (cells or projections clipped: cuDNN's LSTM does not clip)" if clipped and
+            device == "cuda" else "cuDNN's LSTM" if device == "cuda" else "the CPU's step loop")
+        pretraining.main([*common, str(sizes.pretrain_steps + sizes.pretrain_resume_steps), "--resume"])
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    speeds = [r["tokens_per_second"] for r in first_run if "tokens_per_second" in r]
     resumed = [r for r in records[len(first_run):] if "tokens_per_second" in r]
-    return {"architecture": architecture, "batch_tokens": int(common[common.index("--batch_tokens") + 1]),
-            "num_workers": int(common[common.index("--num_workers") + 1]),
-            "mixed_precision": common[common.index("--mixed_precision") + 1],
-            "tokens_per_second_per_window": [round(speed) for speed in speeds],
-            "tokens_per_second": round(statistics.mean(speeds[1:] or speeds)) if speeds else None,
-            "resumed_from_step": sizes.pretrain_steps, "steps_after_resume": [r["step"] for r in resumed],
-            "resume_ok": bool(resumed) and resumed[-1]["step"] == sizes.pretrain_steps + sizes.pretrain_resume_steps
-            and all(r["step"] > sizes.pretrain_steps for r in resumed),
-            "warnings": dict(caught), "warnings_total": sum(caught.values()), **peak_memory(device)}
+    result.update(
+        resumed_from_step=sizes.pretrain_steps, steps_after_resume=[r["step"] for r in resumed],
+        resume_ok=bool(resumed) and resumed[-1]["step"] == sizes.pretrain_steps + sizes.pretrain_resume_steps
+        and all(r["step"] > sizes.pretrain_steps for r in resumed),
+        warnings=dict(caught), warnings_total=sum(caught.values()), **peak_memory(device))
 
 
 def worker(argv: list[str]) -> None:
@@ -549,8 +710,9 @@ def worker(argv: list[str]) -> None:
     sizes = Sizes(**{**json.loads(args.sizes), "batch_sizes": tuple(json.loads(args.sizes)["batch_sizes"])})
     phases = {"tests": worker_tests, "parity": worker_parity, "inference": worker_inference, "embed": worker_embed,
               "spacy": worker_spacy, "pretrain": worker_pretrain}
-    result = phases[args.phase](*args.names, device=args.device, sizes=sizes, work=args.work)
-    args.result.write_text(json.dumps(result), encoding="utf-8")
+    result = Result(args.result)
+    phases[args.phase](*args.names, device=args.device, sizes=sizes, work=args.work, result=result)
+    result.update(finished=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from spacy_fixtures import REPO, run_python
@@ -96,46 +97,68 @@ def test_bench_spacy_train_times_the_stages_of_each_step_with_and_without_elmo(t
 
 def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_path):
     """`benchmarks/gpu_check.py` without CUDA: the same jobs at toy sizes, each in its own process, all ok, with the
-    figures the GPU report gives (one job of each kind: the spaCy jobs differ only in their configs, which
-    test_spacy_configs.py builds for every placement and test_spacy_train_command.py trains; the pretraining jobs
-    only in their recipes, which test_training.py parses)."""
+    figures the GPU report gives, profiles included (one job of each kind: the spaCy jobs differ only in their
+    configs, which test_spacy_configs.py builds for every placement and test_spacy_train_command.py trains; the
+    pretraining jobs only in their recipes, which test_training.py parses)."""
     phases = "tests,parity,inference,embed,spacy/ner-elmo-mixed,spacy/textcat-elmo,pretrain/english_default_gpu"
     output = run_python(REPO / "benchmarks" / "gpu_check.py", "--device", "cpu", "--out", tmp_path, "--phases",
                         phases, timeout=600)
     assert "all jobs ok" in output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
+    assert (tmp_path / "gpu_check.log").stat().st_size < 2**20
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     jobs = {result["job"]: result for results in report["phases"].values() for result in results}
     assert list(report["phases"]) == ["tests", "parity", "inference", "embed", "spacy", "pretrain"]
-    assert all(result["status"] == "ok" for result in jobs.values())
-    assert jobs["tests"]["failures"] == jobs["tests"]["errors"] == 0 and jobs["tests"]["skipped"] >= 8
+    assert all(job["status"] == "ok" and job["wall_seconds"] < job["limit_seconds"] for job in jobs.values())
+    assert jobs["tests"]["failures"] == jobs["tests"]["errors"] == 0 and jobs["tests"]["skipped"] >= 9
     parity = jobs["parity"]
     assert max(parity["float32"]["max_abs_per_layer"]) == 0.0  # the CPU against itself
     assert 0 < max(parity["bf16"]["max_abs_per_layer"]) < 0.2 and parity["bf16"]["min_row_cosine"] > 0.999
-    rates = jobs["inference"]["words_per_second"]
+    inference = jobs["inference"]
+    rates = inference["words_per_second"]
     assert set(rates) == {"float32, batch 1", "float32, batch 8", "bf16, batch 1", "bf16, batch 8"}
-    assert all(rate > 0 for rate in rates.values()) and set(jobs["inference"]["latency_ms_24_words"]) == {
-        "float32", "bf16"}
+    assert all(rate > 0 for rate in rates.values()) and set(inference["latency_ms_24_words"]) == {"float32", "bf16"}
+    assert inference["batch_1_sample_sentences"] == 4 and inference["batch_1_sample_mean_words"] > 1
+    for profile in inference["profile"].values():  # batches of 8, in each precision
+        assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 100 and len(profile["top_host"]) == 10
     assert sorted(jobs) == sorted(["tests", "parity", "inference", "embed", "spacy/ner-elmo-mixed",
                                    "spacy/textcat-elmo", "pretrain/english_default_gpu"])
     embed = jobs["embed"]  # `elmo embed` of the 16 sentences, 440 words: (words, layers, width), no warning but
     assert embed["shape"] == [embed["words"], 3, 512] and embed["finite"]  # the one where bf16 is emulated
-    assert all("no native bf16" in warning for warning in embed["warnings"]) and (
+    assert all("project | UserWarning" in key and "no native bf16" in key for key in embed["warnings"]) and (
         embed["warnings_total"] == 0 or not native_bf16_cpu())
     assert sorted(embed["commands"]) == ["bf16 .hdf5", "bf16 .npy", "float32 .hdf5", "float32 .npy"]
     assert all(command["words_per_second"] > 0 and command["bytes"] > 4 * 3 * 512 * embed["words"]
                for command in embed["commands"].values())
     assert 0 < embed["bf16_max_abs"] < 0.2 and embed["bf16_min_row_cosine"] > 0.999
-    for name in ("ner-elmo-mixed", "textcat-elmo"):
+    for name, steps in (("ner-elmo-mixed", 6), ("textcat-elmo", 4)):
         run = jobs[f"spacy/{name}"]
-        assert run["steps"] == 4 and run["steps_per_second"] > 0 and run["warnings_in_steps"] == 0
+        assert run["steps"] == steps and run["steps_per_second"] > 0 and run["warnings_in_steps"] == 0
         assert run["pipeline_words_per_second_dev"] > 0 and any(key.startswith("dev_") for key in run)
         timed = [run[key] for key in ("ms_per_step_reading", "ms_per_step_cached") if key in run]
-        assert sum(stages["steps"] for stages in timed) == 3 and run["ms_per_step_reading"]["elmo"] > 0
+        assert sum(stages["steps"] for stages in timed) == run["timed_steps"] >= 2
+        assert run["ms_per_step_reading"]["elmo"] > 0
         assert all(stages["elmo mixes"] > 0 and stages["rest"] > 0 for stages in timed)
-    for recipe in ("english_default_gpu",):
-        run = jobs[f"pretrain/{recipe}"]
-        assert run["resume_ok"] and run["steps_after_resume"] == [6] and run["tokens_per_second"] > 0
-        assert run["warnings_total"] == 0
+        assert run["profile"]["steps"] == 2 and run["profile"]["ms_per_step"] > 0
+    run = jobs["pretrain/english_default_gpu"]
+    assert run["resume_ok"] and run["steps_after_resume"] == [6] and run["tokens_per_second"] > 0
+    assert run["warnings_total"] == 0 and run["host_ms_per_step"] > 0 and run["host_ms_between_steps"] >= 0
+    assert run["recurrence"] == "the CPU's step loop" and run["profile"]["steps"] == 2
     summary = (tmp_path / "gpu_check.md").read_text()
-    assert "| spacy/ner-elmo-mixed | ok |" in summary and "resume ok" in summary
+    assert "| spacy/ner-elmo-mixed | ok |" in summary and "resume ok" in summary and "- profile (2 steps)" in summary
+
+
+def test_gpu_check_keeps_what_a_job_measured_before_its_time_limit(tmp_path):
+    """A job killed at its limit: reported as timed out, with the figures it wrote before, and its output (cut to the
+    log's size per job) in the log."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    script = ("import json, sys, time\nprint('x' * 400_000, flush=True)\n"
+              "open(sys.argv[2], 'w').write(json.dumps({'words_per_second': {'float32, batch 1': 5}}))\n"
+              "time.sleep(60)")
+    log = tmp_path / "gpu_check.log"
+    result = gpu_check.run_job("inference", [sys.executable, "-c", script], 3, tmp_path, log)
+    assert result["status"] == "timed out after 3 s" and result["words_per_second"] == {"float32, batch 1": 5}
+    assert 3 <= result["wall_seconds"] < 10 and "characters left out" in log.read_text()
+    assert log.stat().st_size < gpu_check.LOG_HEAD + gpu_check.LOG_TAIL + 1000
