@@ -370,6 +370,7 @@ class ElmoKernels:
     ):
         self.options = options
         self.cache = inference_cache
+        self._masks: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         self.traced = torch.compiler.is_compiling()
         self.every_position = self.traced or not options.uses_distinct_words(inputs)
         if self.traced:
@@ -386,8 +387,29 @@ class ElmoKernels:
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: bool = True
     ) -> torch.Tensor:
         """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N). In the bf16 mode a `packed` weight (one of the
-        model's parameters, not a view made per call) is read from a bf16 copy the cache packs once."""
-        return linear(x, packed_linear_weight(weight, x, self.cache) if packed else weight, bias, self.options)
+        model's parameters, not a view made per call) is read from a bf16 copy the cache packs once; under GPU
+        autocast the cache's cast copies of weight and bias are read."""
+        weight = packed_linear_weight(weight, x, self.cache) if packed else weight
+        return linear(x, weight, None if bias is None else self.weight(bias), self.options)
+
+    def weight(self, parameter: torch.Tensor) -> torch.Tensor:
+        """A parameter as this call's arithmetic reads it: under autocast (a GPU's, or the CPU's bf16 mode) without
+        gradient, its copy in the autocast dtype (activations computed from a float32 parameter would come out in
+        float32, to be cast again), cast once by the cache if there is one; else itself."""
+        cast = cuda_autocast_inference(parameter, parameter)
+        if cast is None and bf16_autocast_inference(parameter, parameter):
+            cast = torch.bfloat16
+        if cast is None:
+            return parameter
+        return parameter.to(cast) if self.cache is None else self.cache.cast_weight(parameter, cast)
+
+    def in_compute_dtype(self, x: torch.Tensor) -> torch.Tensor:
+        """Activations `x` in the dtype the matmuls under autocast (a GPU's, or the CPU's bf16 mode) read, without
+        gradient; else `x` itself."""
+        cast = cuda_autocast_inference(x, x)
+        if cast is None and bf16_autocast_inference(x, x):
+            cast = torch.bfloat16
+        return x if cast is None else x.to(cast)
 
     # -- the char CNN --------------------------------------------------------------------------------------------
     def token_representations(self, char_cnn: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -564,10 +586,17 @@ class ElmoKernels:
             outputs.append(output)
             final_h.append(h[0])
             final_c.append(c[0])
-        output = torch.stack(outputs) * mask[:, :longest, None].to(outputs[0].dtype)
+        output = torch.stack(outputs) * self._padding_mask(mask, longest, outputs[0].dtype)
         if longest < steps:
             output = F.pad(output, (0, 0, 0, steps - longest))
         return output, (torch.stack(final_h), torch.stack(final_c)) if return_state else None
+
+    def _padding_mask(self, mask: torch.Tensor, longest: int, dtype: torch.dtype) -> torch.Tensor:
+        """(batch, longest, 1): 1 at real positions, 0 at padding, in `dtype`; made once per call for every layer."""
+        key = (longest, dtype)
+        if key not in self._masks:
+            self._masks[key] = mask[:, :longest, None].to(dtype)
+        return self._masks[key]
 
     def _fused_recurrence(
         self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]

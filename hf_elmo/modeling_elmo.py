@@ -153,16 +153,19 @@ class ElmoCharCNN(nn.Module):
     def convolve(self, char_ids: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
         """(words, chars) character ids → (words, n_filters): every filter bank convolved, max-pooled, activated."""
         chars = self.char_embedding(char_ids)  # (words, chars, char_dim)
+        if kernels is not None:  # under autocast: cast once here, not every filter width's windows
+            chars = kernels.in_compute_dtype(chars)
+        weight = (lambda parameter: parameter) if kernels is None else kernels.weight
         pooled = []
         for conv in self.convs:
             # The convolution as one matmul of every window (words, windows, char_dim * width) with the filters
             # (n_filters, char_dim * width), the layout of Conv1d's weight; 2-3x faster than Conv1d on CPU.
             windows = chars.unfold(1, conv.kernel_size[0], 1).flatten(2)
-            filters = conv.weight.flatten(1)
+            filters = weight(conv.weight).flatten(1)
             scores = F.linear(windows, filters) if kernels is None else kernels.linear(windows, filters, packed=False)
             # Max-pool over positions, then the bias and the activation (the original adds the bias before the
             # pool: the same maximum, as rounding is monotonic, without a bias copy per window).
-            pooled.append(self.activation(scores.amax(dim=1) + conv.bias))
+            pooled.append(self.activation(scores.amax(dim=1) + weight(conv.bias)))
         return torch.cat(pooled, dim=-1)
 
     def project(self, pooled: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:

@@ -319,6 +319,11 @@ def _autocast_kernel(op: Any, policy: str) -> Callable:
     return kernel
 
 
+# At import: autograd's engine sizes its device queues at the first backward of the process, which must see the
+# fake device (test modules are imported before any test runs).
+_setup_backend()
+
+
 class _Functions(TorchFunctionMode):
     """Every torch function: the fake device's autocast follows CUDA's (`torch.autocast("cuda")` sets CUDA's, which
     the code reads); `torch._VF.lstm` on fake CUDA tensors as one cuDNN launch."""
@@ -356,7 +361,6 @@ class DeviceWatch(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        _setup_backend()
         self.syncs: list[Event] = []
         self.transfers: list[Event] = []
         self.launches: Counter = Counter()

@@ -31,7 +31,7 @@ from hf_elmo.training import BidirectionalLMLoss, WordVocabulary
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 # Operations (about one kernel launch each) per step, as measured; see the module docstring.
-FORWARD_LAUNCHES = {None: 63, torch.bfloat16: 72, torch.float16: 72}
+FORWARD_LAUNCHES = {None: 62, torch.bfloat16: 63, torch.float16: 63}
 PRETRAINING_LAUNCHES = {None: 384, torch.bfloat16: 434}
 
 pytestmark = pytest.mark.filterwarnings(
