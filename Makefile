@@ -36,7 +36,7 @@ test-fast: venv
 bench: venv
 	$(BIN)/python benchmarks/bench_inference.py
 
-# Every GPU path checked and measured in at most 8 minutes (without CUDA: the same phases on the CPU at toy sizes);
+# Every GPU path checked and measured in at most 7 minutes (without CUDA: the same phases on the CPU at toy sizes);
 # the report goes to $OUT or gpu_check/ (benchmarks/README.md).
 gpu-check: venv
 	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)

@@ -639,12 +639,14 @@ class ElmoKernels:
         return run
 
 
-def host_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Integers made on the host as an index on `device`. To a GPU from page-locked memory without waiting: a plain
-    `torch.tensor(values, device=...)` is a copy the host waits for."""
-    pinned = device.type == "cuda" and torch.cuda.is_available()
-    index = torch.tensor(values, dtype=torch.long, pin_memory=pinned)
-    return index if device.type == "cpu" else index.to(device, non_blocking=True)
+def host_index(values: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Integers made on the host (a sequence, or a CPU tensor) as an index on `device`. To a GPU from page-locked
+    memory without waiting: a plain `torch.tensor(values, device=...)` is a copy the host waits for."""
+    index = torch.as_tensor(values, dtype=torch.long)
+    if device.type == "cpu":
+        return index
+    return (index.pin_memory() if device.type == "cuda" and torch.cuda.is_available() else index).to(
+        device, non_blocking=True)
 
 
 def unique_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

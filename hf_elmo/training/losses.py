@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
+from ..kernels import host_index
 from ..modeling_elmo import ElmoForBidirectionalLM, lm_loss, lm_target_index
 
 # Logits computed at once by the full softmax (rows x vocabulary), to bound the memory of evaluation.
@@ -54,7 +55,7 @@ def sampled_softmax_loss(
     """Per-row loss (rows,) of hidden (rows, P) → targets (rows,) through softmax weight (V, P), bias (V,)."""
     vocab_size = weight.shape[0]
     candidates, num_tries = log_uniform_candidates(num_sampled, vocab_size)
-    candidates = candidates.to(hidden.device, non_blocking=True)  # drawn on the host: no wait for the device
+    candidates = host_index(candidates, hidden.device)  # drawn on the host: no wait for the device
 
     def log_expected_count(ids: torch.Tensor) -> torch.Tensor:
         # P(id drawn at least once in num_tries draws), as TensorFlow's unique sampler reports it.

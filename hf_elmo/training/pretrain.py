@@ -334,9 +334,13 @@ class Pretraining:
         accelerator.init_trackers(
             "elmo-pretrain", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
         )
+        elmo = lm.elmo
+        fused = elmo.kernel_options.uses_fused_lstm(torch.empty(0, device=accelerator.device), elmo.bilstm.clipped)
+        recurrence = "cuDNN's LSTM" if fused else "the step loop" + (
+            " (cells or projections clipped: cuDNN's LSTM does not clip)" if accelerator.device.type == "cuda" else "")
         logger.info(f"{sum(p.numel() for p in lm.parameters()):,} parameters, vocabulary {len(self.vocabulary):,}, "
                     f"{len(self.train_files)} training files, processes: {accelerator.num_processes} on "
-                    f"{accelerator.device}")
+                    f"{accelerator.device}, biLSTM through {recurrence}")
         self.progress: tqdm | None = None
 
     def _checkpointed(self) -> dict[str, Any]:
