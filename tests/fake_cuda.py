@@ -320,8 +320,11 @@ def _autocast_kernel(op: Any, policy: str) -> Callable:
 
 
 # At import: autograd's engine sizes its device queues at the first backward of the process, which must see the
-# fake device (test modules are imported before any test runs).
-_setup_backend()
+# fake device (test modules are imported before any test runs). Not beside a real GPU: a PrivateUse1 backend would
+# become torch's accelerator there (its pinned memory, its device guard), and the CUDA tests check the device itself.
+AVAILABLE = not torch.cuda.is_available()
+if AVAILABLE:
+    _setup_backend()
 
 
 class _Functions(TorchFunctionMode):

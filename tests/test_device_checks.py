@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from elmo_fixtures import require, tiny_config
+from fake_cuda import AVAILABLE as FAKE_CUDA_AVAILABLE
 from fake_cuda import DEVICE, DeviceWatch, FakeCuda, autocast, fake_cuda, real
 from spacy_fixtures import REPO
 from test_model import SENTENCES
@@ -38,6 +39,9 @@ pytestmark = pytest.mark.filterwarnings(
     # Artifacts of the fake device: torch asks cuDNN (absent from a CPU build) to flatten the LSTM weights.
     "ignore:PyTorch was compiled without cuDNN/MIOpen support:UserWarning"
 )
+# The checks on fake CUDA tensors run where there is no GPU (CI); where there is one, their CUDA twins below check
+# the device itself.
+on_fake_cuda = pytest.mark.skipif(not FAKE_CUDA_AVAILABLE, reason="a real GPU is here: the CUDA tests check it")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +52,7 @@ def tokenizer():
 # -- the check itself ------------------------------------------------------------------------------------------------
 
 
+@on_fake_cuda
 def test_the_fake_device_sees_every_kind_of_host_wait():
     """The check would catch each way of making the host wait for a GPU, and lets through what does not."""
     with DeviceWatch() as watch:
@@ -84,6 +89,7 @@ def test_the_fake_device_sees_every_kind_of_host_wait():
 # -- the biLM ------------------------------------------------------------------------------------------------------
 
 
+@on_fake_cuda
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16], ids=["float32", "bf16", "fp16"])
 def test_a_gpu_forward_of_a_batch_waits_for_nothing(tokenizer, dtype):
     """The forward of an `ElmoBatch` (rows in any order) on a GPU, float32 or under autocast: no host wait, including
@@ -110,6 +116,7 @@ def test_a_gpu_forward_of_a_batch_waits_for_nothing(tokenizer, dtype):
         assert (layer.float() - expected).abs().max() <= tolerance * max(1.0, float(expected.abs().max()))
 
 
+@on_fake_cuda
 def test_the_transformers_path_reads_back_once_and_a_batch_never(tokenizer):
     """`model(**tokenizer(...))` checks its inputs' values: one read-back per call (the ids' range, the padding and
     the row lengths together); an `ElmoBatch` (or `lengths=`) brings the lengths from the host: none."""
@@ -158,6 +165,7 @@ def test_the_fused_lstm_reads_unsorted_padded_rows_as_the_step_loop(tokenizer):
 # -- pretraining -----------------------------------------------------------------------------------------------
 
 
+@on_fake_cuda
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["float32", "bf16"])
 def test_a_gpu_pretraining_step_waits_for_nothing(dtype):
     """A sampled-softmax step of a batch made by `encode_batch` (forward and backward under autocast, clipping,
@@ -288,6 +296,7 @@ SPACY_LAUNCHES = {"pipe": 55, "update reading": 83, "update cached": 40}
 
 
 
+@on_fake_cuda
 def test_the_spacy_component_and_its_listeners_on_a_gpu_wait_once_per_batch_and_update_without_waiting(
         ner_pipeline):
     """`nlp.pipe` on a GPU: the biLM's layers come to the host once per batch (to be stored on the Docs), the batch's
