@@ -13,12 +13,14 @@ the URLs and `elmo convert`. `ELMO_PUBLISHED_ENDPOINT` replaces AllenNLP's base 
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from filelock import FileLock
 from huggingface_hub import constants
@@ -94,8 +96,8 @@ def published_model(name: str, progress: bool = True) -> str:
     converted = directory / "converted"
     if (converted / "model.safetensors").is_file():
         return str(converted)
-    urls = f"{model.url(model.options_path)} and {model.url(model.weights_path)}"
-    by_hand = f"or download {urls} by hand and run `elmo convert OPTIONS WEIGHTS DIR`"
+    by_hand = (f"or download {model.url(model.options_path)} and {model.url(model.weights_path)}, run `elmo "
+               "convert OPTIONS WEIGHTS DIR` and give DIR as the model")
     if is_offline_mode():
         raise PublishedModelError(f"the published model {name!r} is not in the cache ({converted}) and the Hub is "
                                   f"offline (HF_HUB_OFFLINE=1): use it once online, {by_hand}")
@@ -114,10 +116,8 @@ def published_model(name: str, progress: bool = True) -> str:
             if progress:
                 tqdm.write(f"The published ELMo model {name!r} is downloaded and converted once, into {directory}",
                            file=sys.stderr)
-            options = _download(model.url(model.options_path), download / "options.json", f"{name} options.json",
-                                None, progress, by_hand)
-            weights = _download(model.url(model.weights_path), download / "weights.hdf5", f"{name} weights.hdf5",
-                                model.weights_sha256, progress, by_hand)
+            options = _download(model, model.options_path, download / "options.json", None, progress)
+            weights = _download(model, model.weights_path, download / "weights.hdf5", model.weights_sha256, progress)
             _convert(name, model, options, weights, converted, progress)
             weights.unlink()  # the converted directory holds the same numbers
     except OSError as error:  # the cache directory itself: permissions, a full disk
@@ -126,11 +126,13 @@ def published_model(name: str, progress: bool = True) -> str:
     return str(converted)
 
 
-def _download(url: str, path: Path, label: str, sha256: str | None, progress: bool, by_hand: str) -> Path:
-    """`url` at `path` (kept once complete), resumed from `path.incomplete`; the size must be the server's and the
-    SHA-256 `sha256` when given; `label` names the progress bar."""
+def _download(model: PublishedModel, remote: str, path: Path, sha256: str | None, progress: bool) -> Path:
+    """The file `remote` of `model` at `path` (kept once complete), resumed from `path.incomplete`; the size must be
+    the server's and the SHA-256 `sha256` when given. A server that cannot be reached fails at once; timeouts, a
+    broken transfer and the server's own errors (5xx) are tried again."""
     if path.is_file():
         return path
+    url = model.url(remote)
     path.parent.mkdir(parents=True, exist_ok=True)
     incomplete = path.with_name(path.name + ".incomplete")
     try:
@@ -138,16 +140,24 @@ def _download(url: str, path: Path, label: str, sha256: str | None, progress: bo
         if incomplete.is_file() and size is not None and incomplete.stat().st_size > size:
             incomplete.unlink()  # not a prefix of this file
         with incomplete.open("ab") as out:
-            http_get(url, out, resume_size=out.tell(), expected_size=size, displayed_filename=label,
+            http_get(url, out, resume_size=out.tell(), expected_size=size, displayed_filename=f"{model.name} {remote}",
                      tqdm_class=partial(tqdm, disable=not progress))
     except Exception as error:  # the network's and the server's errors, as one line
-        message = " ".join(str(error).split())[:300] or type(error).__name__
-        if "Consistency check failed" in message:
+        reason = " ".join(str(error).split())[:160] or type(error).__name__
+        if "Consistency check failed" in reason:
             incomplete.unlink(missing_ok=True)  # a wrong size: start again next time
             raise PublishedModelError(f"{url} downloaded with another size than the server announced: the file was "
                                       "removed; run the command again") from None
-        raise PublishedModelError(f"cannot download {url}: {message} (run the command again to resume, "
-                                  f"{by_hand})") from None
+        folder = model.url(remote.rpartition("/")[0])
+        what_to_do = (f"use the cache alone (HF_HUB_OFFLINE=1), a mirror (ELMO_PUBLISHED_ENDPOINT=URL), or `elmo "
+                      f"convert` the two files of {folder}/ and give that directory as the model")
+        if _unreachable(error):
+            raise PublishedModelError(f"cannot download the published model {model.name!r}: "
+                                      f"{urlsplit(url).netloc} cannot be reached ({reason}); {what_to_do}") from None
+        kept = incomplete.is_file() and incomplete.stat().st_size > 0
+        raise PublishedModelError(f"cannot download {url}: {reason}; " + (
+            "the part downloaded is kept: run the command again to resume, or " if kept else "") + what_to_do
+        ) from None
     if sha256 is not None:
         with incomplete.open("rb") as stream:
             actual = sha_fileobj(stream).hex()
@@ -159,9 +169,21 @@ def _download(url: str, path: Path, label: str, sha256: str | None, progress: bo
     return path
 
 
+def _unreachable(error: Exception) -> bool:
+    """Whether `error` says the server cannot be reached at all (its name does not resolve, or it refuses the
+    connection), which trying again soon will not change."""
+    return any(cls.__name__ == "ConnectError" for cls in type(error).__mro__)
+
+
 def _remote_size(url: str) -> int | None:
-    """The size the server gives for `url` (HEAD), None when it does not say."""
-    response = http_backoff("HEAD", url, follow_redirects=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+    """The size the server gives for `url` (HEAD), None when it does not say. Tried again on timeouts, a broken
+    connection and the server's errors; a server that cannot be reached fails at once."""
+    # The HTTP client huggingface_hub raises from: httpx2 (huggingface_hub 2), httpx (1).
+    hub_http = importlib.import_module(http_backoff.__module__)
+    http = getattr(hub_http, "httpx2", None) or hub_http.httpx
+    response = http_backoff("HEAD", url, follow_redirects=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+                            retry_on_exceptions=(http.TimeoutException, http.ReadError, http.WriteError,
+                                                 http.RemoteProtocolError))
     hf_raise_for_status(response)
     length = response.headers.get("Content-Length")
     return int(length) if length is not None and response.headers.get("Content-Encoding") in (None, "identity") \
