@@ -10,6 +10,7 @@ from transformers import (
 )
 
 from .configuration_elmo import PRESETS, ElmoConfig
+from .embed import ElmoEmbedder, EmbedSettings, embed_file
 from .kernels import ElmoInferenceCache, ElmoKernelOptions
 from .loading import (
     DEFAULT_MODEL,
@@ -35,7 +36,8 @@ from .modeling_elmo import (
     remove_sentence_boundaries,
 )
 from .published import PUBLISHED_MODELS, published_model
-from .text import split_words
+from .runtime import OutOfDeviceMemoryError
+from .text import ElmoBatch, split_words
 from .tokenization_elmo import ElmoCharTokenizer
 
 AutoConfig.register(ElmoConfig.model_type, ElmoConfig, exist_ok=True)
@@ -53,9 +55,11 @@ __all__ = [
     "MODEL_NAMES",
     "PRESETS",
     "PUBLISHED_MODELS",
+    "ElmoBatch",
     "ElmoBidirectionalLMOutput",
     "ElmoCharTokenizer",
     "ElmoConfig",
+    "ElmoEmbedder",
     "ElmoForBidirectionalLM",
     "ElmoForSequenceClassification",
     "ElmoForTokenClassification",
@@ -68,7 +72,10 @@ __all__ = [
     "ElmoScalarMix",
     "ElmoState",
     "ElmoWithScalarMixes",
+    "EmbedSettings",
     "ModelLoadError",
+    "OutOfDeviceMemoryError",
+    "embed_file",
     "load_model",
     "load_tokenizer",
     "model_location",

@@ -8,7 +8,9 @@ and `allennlp.commands.elmo`:
     output["elmo_representations"]  # 2 x (2, 3, 1024); output["mask"]: (2, 3)
 
 `options_file` and `weight_file` are the original files, or a published model's URLs (AllenNLP's
-`DEFAULT_OPTIONS_FILE` / `DEFAULT_WEIGHT_FILE` give the published `original`, downloaded and converted once).
+`DEFAULT_OPTIONS_FILE` / `DEFAULT_WEIGHT_FILE` give the published `original`, downloaded and converted once), and
+AllenNLP's defaults are kept: `ElmoEmbedder()` here is the published `original`, where the project's own
+`hf_elmo.ElmoEmbedder()` is the English model shipped with the package.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .embed import ElmoEmbedder
+from . import embed
 from .loading import load_original
 from .modeling_elmo import ElmoModel, ElmoWithScalarMixes
 from .published import ALLENNLP_ENDPOINTS, PUBLISHED_MODELS
@@ -40,6 +42,26 @@ def batch_to_ids(batch: Sequence[Sequence[str]]) -> torch.Tensor:
     words = torch.arange(ids.shape[1])
     ids[words >= torch.tensor([len(sentence) for sentence in batch]).view(-1, 1)] = 0
     return ids
+
+
+class ElmoEmbedder(embed.ElmoEmbedder):
+    """AllenNLP's `ElmoEmbedder(options_file, weight_file, cuda_device)` with AllenNLP's defaults: with no arguments,
+    the published `original` biLM (width 1024; by name: downloaded and converted once). The other arguments, and
+    every method, are `hf_elmo.ElmoEmbedder`'s, whose own default is the English model shipped with this package.
+
+    Args (AllenNLP's):
+        options_file, weight_file: the original `options.json` and `.hdf5` weights, or a published model's URLs.
+        cuda_device: -1 (the default) for the CPU, n for `cuda:n`.
+    """
+
+    def __init__(
+        self,
+        options_file: str | os.PathLike = DEFAULT_OPTIONS_FILE,
+        weight_file: str | os.PathLike = DEFAULT_WEIGHT_FILE,
+        cuda_device: int = -1,
+        **kwargs,
+    ):
+        super().__init__(options_file=options_file, weight_file=weight_file, cuda_device=cuda_device, **kwargs)
 
 
 class Elmo(ElmoWithScalarMixes):

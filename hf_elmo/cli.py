@@ -148,6 +148,11 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(default_threads())
 
 
+def _names_a_model(argument: str) -> bool:
+    """Whether a command-line argument is a model's name or directory (for arguments given in the wrong place)."""
+    return argument in loading.MODEL_NAMES or (Path(argument) / "config.json").is_file()
+
+
 def _fail(message: str) -> NoReturn:
     typer.echo(f"Error: {message}", err=True)
     raise typer.Exit(1)
@@ -264,7 +269,8 @@ def export_encoder(
 
 @app.command(cls=ElmoCommand)
 def info(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help=MODEL_HELP)],
+    model: Annotated[str, typer.Argument(metavar="[MODEL]", help=MODEL_HELP + " [default: default]",
+                                         show_default=False)] = DEFAULT_MODEL_NAME,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Print the config (every field) and the parameter count of each part of the biLM."""
@@ -435,6 +441,10 @@ def embed(
     model = arguments[0] if len(arguments) == 3 else DEFAULT_MODEL_NAME
     # A str, not a Path with allow_dash: typer 0.29 compares Path("-") with "-" and rejects stdin.
     input_file, output_file = arguments[-2], Path(arguments[-1])
+    if _names_a_model(arguments[-1]) and (len(arguments) == 2 or not Path(input_file).exists()):
+        usage = f"elmo embed {arguments[-1]} {' '.join(arguments[:-1])}" + (" OUTPUT" if len(arguments) == 2 else "")
+        raise typer.BadParameter(f"{arguments[-1]} is a model, which comes first: {usage}",
+                                 param_hint="[MODEL] INPUT OUTPUT")
     if input_file != "-" and not Path(input_file).exists():
         raise typer.BadParameter(f"{input_file} does not exist", param_hint="INPUT")
     if Path(input_file).is_dir():

@@ -83,19 +83,27 @@ def resolve_model(name: str | os.PathLike, revision: str | None = None, weights:
         raise ModelLoadError(f"{name} is a file; expected a save_pretrained directory (config.json, "
                              "model.safetensors, ...), `default` or a Hub id (org/name)")
     text = str(name)
+    check_model_name(text)
     if not HUB_ID.fullmatch(text) or location.is_absolute() or text.startswith((".", "~")):
-        if "/" in text or os.sep in text or text.startswith((".", "~")):
-            raise ModelLoadError(f"model directory {name} does not exist")
-        close = difflib.get_close_matches(text, MODEL_NAMES, n=1)
-        raise ModelLoadError(
-            f"unknown model {text!r}: not a directory, nor one of {', '.join(MODEL_NAMES)}"
-            + (f" (did you mean {close[0]!r}?)" if close else "") + "; a Hub model is named org/name"
-        )
+        raise ModelLoadError(f"model directory {name} does not exist")
     cached = try_to_load_from_cache(text, "config.json", revision=revision)
     if is_offline_mode() and not isinstance(cached, str):
         raise ModelLoadError(f"{text} is not in the Hugging Face cache and the Hub is offline (HF_HUB_OFFLINE=1): "
                              "download it once online, or give a local directory")
     return text
+
+
+def check_model_name(name: str | os.PathLike) -> None:
+    """Fail at once on a name that can never give a model: not `default`, a published model, a path (a directory,
+    maybe made later) nor a Hub id (org/name). Reads and downloads nothing; `resolve_model` checks the rest."""
+    text = str(name)
+    if text in MODEL_NAMES or "/" in text or os.sep in text or text.startswith((".", "~")) or Path(text).exists():
+        return
+    close = difflib.get_close_matches(text, MODEL_NAMES, n=1)
+    raise ModelLoadError(
+        f"unknown model {text!r}: not a directory, nor one of {', '.join(MODEL_NAMES)}"
+        + (f" (did you mean {close[0]!r}?)" if close else "") + "; a Hub model is named org/name"
+    )
 
 
 def check_model_directory(directory: Path, weights: bool = True) -> None:

@@ -46,6 +46,7 @@ from .layers import (
     standalone_bilm,
 )
 from .layers.pytorch import task_bilstm
+from .weights import check_pretrained_name
 
 NO_SETTINGS = SimpleFrozenDict()
 
@@ -71,6 +72,8 @@ def elmo_bilm_v2(
         with AMX or AVX512-BF16; not exact: see docs/performance.md), float32 for fine-tuning.
     grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
     """
+    if name:
+        check_pretrained_name(name)
     return build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config))
 
 
@@ -87,7 +90,7 @@ def elmo_bilm_v1(
 
     get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config: as in `spacy-elmo.ElmoBiLM.v2`.
     """
-    return build_bilm_v1(build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config)))
+    return build_bilm_v1(elmo_bilm_v2(get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config))
 
 
 @registry.architectures("spacy-elmo.ScalarMix.v1")

@@ -14,9 +14,12 @@ import torch
 from spacy.util import SimpleFrozenDict, registry
 
 from hf_elmo import ElmoConfig, ElmoModel, ModelLoadError, load_model
-from hf_elmo.loading import load_original
+from hf_elmo.loading import check_model_name, load_original
 
 WeightsLoader = Callable[[], ElmoModel]
+# Where a pipeline's config names its biLM, for the errors about that name.
+CONFIG_SETTINGS = (" (the biLM's `name` in the pipeline config: [components.<elmo>.model] name, or "
+                   "[initialize.components.<elmo>.weights] name; `paths.elmo_model` in the shipped configs)")
 NO_SETTINGS = SimpleFrozenDict()
 
 
@@ -32,9 +35,16 @@ def load_pretrained(name: str | Path | None, revision: str | None = None) -> Elm
     try:
         return load_model(name, revision=revision)
     except ModelLoadError as error:
-        raise ModelLoadError(f"{error} (the biLM's `name` in the pipeline config: [components.<elmo>.model] name, "
-                             "or [initialize.components.<elmo>.weights] name; `paths.elmo_model` in the shipped "
-                             "configs)") from None
+        raise ModelLoadError(f"{error}{CONFIG_SETTINGS}") from None
+
+
+def check_pretrained_name(name: str | Path) -> None:
+    """Fail when the pipeline is made, not at its first Doc, on a biLM name that can never give a model
+    (`hf_elmo.loading.check_model_name`: nothing is read or downloaded)."""
+    try:
+        check_model_name(name)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"{error}{CONFIG_SETTINGS}") from None
 
 
 def random_bilm(preset: str | None = "small", config: dict[str, Any] | None = None, seed: int = 0) -> ElmoModel:
@@ -53,6 +63,8 @@ def configure_pretrained_weights(name: str | None, revision: str | None = None) 
     name (str): a local directory written by `elmo convert` / `save_pretrained`, or a Hugging Face Hub id.
     revision (str or None): a Hub branch, tag or commit.
     """
+    if name:
+        check_pretrained_name(name)
     return partial(load_pretrained, name, revision)
 
 

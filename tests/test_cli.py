@@ -54,7 +54,7 @@ def test_version():
 
 
 @pytest.mark.parametrize("command,usage", [
-    ("embed", "embed [OPTIONS] [MODEL] INPUT OUTPUT"), ("info", "info [OPTIONS] MODEL"),
+    ("embed", "embed [OPTIONS] [MODEL] INPUT OUTPUT"), ("info", "info [OPTIONS] [MODEL]"),
     ("build-vocab", "build-vocab [OPTIONS] FILES..."),
     ("convert", "convert [OPTIONS] OPTIONS_JSON WEIGHTS_HDF5 OUT_DIR"),
 ])
@@ -488,3 +488,21 @@ def test_embed_out_of_device_memory_for_one_sentence_is_one_line(tiny_model_dir,
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: a sentence of 20 words does not fit in the device's memory")
     assert "--max-sentence-words" in lines[0]
+
+
+@pytest.mark.parametrize("arguments,usage", [
+    (["IN", "out.hdf5", "original"], "original is a model, which comes first: elmo embed original IN out.hdf5"),
+    (["IN", "default"], "default is a model, which comes first: elmo embed default IN OUTPUT"),
+])
+def test_embed_with_the_model_in_the_wrong_place_says_where_it_goes(tmp_path, arguments, usage):
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n")
+    result = run("embed", *[str(source) if a == "IN" else str(tmp_path / a) if a.endswith(".hdf5") else a
+                            for a in arguments])
+    expected = usage.replace("IN", str(source)).replace("out.hdf5", str(tmp_path / "out.hdf5"))
+    assert result.exit_code == 2 and expected in " ".join(result.output.replace("│", " ").split())
+
+
+def test_info_without_a_model_describes_the_default_model():
+    result = run("info")
+    assert result.exit_code == 0 and result.stdout.startswith("model: default\noutput: 3 layers of width 512\n")

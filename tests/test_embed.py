@@ -582,3 +582,14 @@ def test_a_batch_out_of_device_memory_runs_in_halves_with_the_same_vectors(tiny_
     with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^a sentence of 40 words does not fit in the device's "
                                                           r"memory even alone \(CUDA out of memory\): embed long"):
         list(embedder.embed_sentences(EDGE_SENTENCES))
+
+
+def test_the_public_names_are_at_the_packages_top():
+    """`hf_elmo.ElmoEmbedder` and the rest of the public API, as the README uses them (not only from submodules)."""
+    import hf_elmo
+    from hf_elmo import embed, runtime, text
+
+    for name, home in (("ElmoEmbedder", embed), ("EmbedSettings", embed), ("embed_file", embed),
+                       ("ElmoBatch", text), ("OutOfDeviceMemoryError", runtime)):
+        assert name in hf_elmo.__all__ and getattr(hf_elmo, name) is getattr(home, name)
+    assert all(hasattr(hf_elmo, name) for name in hf_elmo.__all__)

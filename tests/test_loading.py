@@ -84,9 +84,9 @@ def test_a_bad_model_fails_in_one_line_from_the_cli_the_python_api_and_spacy(kin
             load(name)
         assert str(error.value).startswith(message) and "\n" not in str(error.value)
     nlp = spacy.blank("en")
-    nlp.add_pipe("elmo", config={"model": {"name": name}})
     with pytest.raises(ModelLoadError) as error:
-        nlp("a b")
+        nlp.add_pipe("elmo", config={"model": {"name": name}})  # a name that can never load: here
+        nlp("a b")  # else at the first Doc
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
     assert "[components.<elmo>.model] name" in str(error.value)  # which setting gave the name
 

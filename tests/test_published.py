@@ -168,6 +168,22 @@ def test_a_server_error_says_resume_only_when_part_of_the_file_is_kept(server, f
         assert ("run the command again to resume" in str(error.value)) is kept
 
 
+def test_allennlps_elmo_embedder_defaults_to_the_published_original_and_the_projects_to_the_default(server,
+                                                                                                     fixture_files):
+    """`hf_elmo.allennlp.ElmoEmbedder()`, as AllenNLP's: the published `original` (here the fixture biLM served as
+    it); `hf_elmo.ElmoEmbedder()`: the English model shipped with the package."""
+    import hf_elmo
+    from hf_elmo import allennlp
+
+    original = published.PUBLISHED_MODELS["original"]
+    server.files.update({original.options_path: fixture_files[MODEL.options_path],
+                         original.weights_path: fixture_files[MODEL.weights_path]})
+    theirs, ours = allennlp.ElmoEmbedder(), hf_elmo.ElmoEmbedder()
+    assert theirs.model.config.lstm_dim == 64 and theirs.device == torch.device("cpu")  # the fixture, as `original`
+    assert server.gets(original.weights_path) == [None] and ours.model.config.output_dim == 512
+    assert theirs.embed_sentence(SENTENCES[0]).shape == (3, 5, 32)
+
+
 def test_auto_model_through_model_location_and_allennlp_urls_and_cuda_device_give_the_same_model(
     server, converted
 ):

@@ -380,3 +380,18 @@ def test_a_batch_out_of_device_memory_runs_in_halves_with_the_same_layers(elmo_d
     with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^fine-tuning the biLM on a batch of 4 sentences \(40 "
                                                            r"padded positions\) ran out of device memory: lower"):
         nlp.get_pipe("elmo").model.begin_update(docs)
+
+
+def test_a_model_name_that_can_never_load_fails_when_the_component_is_made():
+    """`add_pipe` with an unknown bare name fails at once (not at the first Doc), suggesting the close name and the
+    config setting; paths and Hub ids are left for the first use (a saved pipeline's weights are in its directory)."""
+    from hf_elmo import ModelLoadError
+
+    nlp = spacy.blank("en")
+    with pytest.raises(ModelLoadError, match=r"unknown model 'orignal': .*did you mean 'original'.*"
+                                             r"\[components.<elmo>.model\] name"):
+        nlp.add_pipe("elmo", config={"model": {"name": "orignal"}})
+    with pytest.raises(ModelLoadError, match="unknown model 'nope'"):
+        spacy.util.registry.misc.get("spacy-elmo.PretrainedWeights.v1")("nope")
+    for name in ("some/hub-model", "./not/yet/there", "default", ""):
+        spacy.blank("en").add_pipe("elmo", config={"model": {"name": name}})
