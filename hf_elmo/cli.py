@@ -35,6 +35,7 @@ from .embed import (
     embed_file,
     embed_file_in_parts,
 )
+from .extras import install_command
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
 from .runtime import OutOfDeviceMemoryError
 from .text import expand_files, get_word_tokenizer
@@ -526,7 +527,7 @@ def _training():
     try:
         from . import training
     except ImportError as error:
-        _fail(f"{error}; training needs: pip install 'spacy-elmo[train]'")
+        _fail(f"training needs {error.name or error}: {install_command('train')}")
     return training
 
 

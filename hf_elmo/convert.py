@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .configuration_elmo import ElmoConfig
+from .extras import require
 from .modeling_elmo import ElmoModel
 from .tokenization_elmo import ElmoCharTokenizer
 
@@ -25,12 +26,9 @@ class LegacyWeightsError(ValueError):
 
 
 def require_h5py(purpose: str = "the original .hdf5 weights"):
-    """The h5py module, which only the original format needs (an extra); an `ImportError` in one line without it."""
-    try:
-        import h5py
-    except ImportError:
-        raise ImportError(f"{purpose} need h5py: pip install 'spacy-elmo[hdf5]'") from None
-    return h5py
+    """The h5py module, which only the original format needs (the `hdf5` extra); an `ImportError` in one line
+    without it."""
+    return require("h5py", f"{purpose} need")
 
 
 def _require(options: dict, section: str, key: str, path: str | Path) -> Any:

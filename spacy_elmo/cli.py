@@ -228,4 +228,8 @@ def mix_weights_command(
     mixes = mix_weights(spacy.load(pipeline))
     typer.echo(format_mix_weights(mixes))
     if plot is not None and mixes:
-        typer.echo(f"wrote {plot_mix_weights(mixes, plot)}")
+        try:
+            typer.echo(f"wrote {plot_mix_weights(mixes, plot)}")
+        except ImportError as error:  # matplotlib missing: one line naming the extra
+            typer.echo(f"Error: {error}", err=True)
+            raise typer.Exit(1) from None

@@ -414,7 +414,8 @@ def test_a_missing_h5py_is_one_line_naming_the_extra(tiny_model_dir, tmp_path, m
     places["input"].write_text("a b\n")
     monkeypatch.setitem(sys.modules, "h5py", None)  # `import h5py` raises ImportError
     result = run(*(str(arg).format(**places) for arg in command))
-    assert_clean_failure(result, "need h5py: pip install 'spacy-elmo[hdf5]'", exit_code=1)
+    assert_clean_failure(result, 'need h5py: pip install ".[hdf5]" in a checkout, or pip install '
+                                 '"spacy-elmo[hdf5] @ git+<repository URL>"', exit_code=1)
     assert result.stderr.count("\n") == 1
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
 
@@ -506,3 +507,13 @@ def test_embed_with_the_model_in_the_wrong_place_says_where_it_goes(tmp_path, ar
 def test_info_without_a_model_describes_the_default_model():
     result = run("info")
     assert result.exit_code == 0 and result.stdout.startswith("model: default\noutput: 3 layers of width 512\n")
+
+
+@pytest.mark.parametrize("command", [["build-vocab", "x.txt", "-o", "vocab.txt"], ["pretrain", "--help"]])
+def test_a_missing_accelerate_is_one_line_naming_the_train_extra(tmp_path, command):
+    (tmp_path / "x.txt").write_text("a b\n")
+    script = f"import sys\nsys.modules['accelerate'] = None\nfrom hf_elmo.cli import app\napp({command!r})"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout == "" and result.stderr == (
+        'Error: training needs accelerate: pip install ".[train]" in a checkout, or pip install '
+        '"spacy-elmo[train] @ git+<repository URL>"\n')

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -241,18 +242,32 @@ def test_sourced_and_replaced_listeners_reload(trained, tmp_path):
     np.testing.assert_allclose(tok2vec_outputs(reloaded, TEXTS), expected, atol=1e-5)
 
 
-def test_mix_weights_cli_reads_every_task_mix(trained, tmp_path):
+def test_mix_weights_cli_reads_every_task_mix_beside_its_start(trained, tmp_path, monkeypatch):
+    """Each task mix's learned softmax(s) and gamma, with their values at the start of training (the config's
+    initial_scalars, gamma 1) in brackets, by layer name; the plot; without matplotlib, one line naming the extra."""
     _, outputs, _ = trained
     path = outputs["textcat"] / "model-last"
     output = invoke(elmo_app, "mix-weights", path, "--plot", tmp_path / "weights.png")
     lines = output.splitlines()
-    assert lines[0].split() == ["component", "position", "layer", "0", "layer", "1", "layer", "2", "gamma"]
+    assert lines[0].split() == ["component", "position", "token", "biLSTM", "1", "biLSTM", "2", "gamma"]
     assert [line.split()[:2] for line in lines[1:3]] == [["textcat", "input"], ["textcat", "output"]]
+    assert lines[3].startswith("learned softmax(s) per layer and gamma; in brackets, their values at the start")
     nlp = spacy.load(path)
-    for line, (s, gamma) in zip(lines[1:3], scalar_mixes(nlp, "textcat")):
+    tok2vec = nlp.config["components"]["textcat"]["model"]["tok2vec"]
+    for line, (s, gamma), slot in zip(lines[1:3], scalar_mixes(nlp, "textcat"), ("elmo", "elmo_output")):
         weights = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
-        assert [float(value) for value in line.split()[2:]] == pytest.approx([*weights, gamma[0]], abs=1e-3)
+        start = np.asarray(tok2vec[slot]["mix"]["initial_scalars"] or [0.0, 0.0, 0.0])
+        start = np.exp(start - start.max()) / np.exp(start - start.max()).sum()
+        cells = [float(value.strip("()")) for value in line.split()[2:]]
+        assert cells[0::2] == pytest.approx([*weights, gamma[0]], abs=1e-3)
+        assert cells[1::2] == pytest.approx([*start, 1.0], abs=1e-3)
     assert (tmp_path / "weights.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    result = CliRunner().invoke(elmo_app, ["mix-weights", str(path), "--plot", str(tmp_path / "again.png")])
+    assert result.exit_code == 1 and not (tmp_path / "again.png").exists()
+    assert result.stderr.strip().splitlines()[-1] == (
+        'Error: --plot needs matplotlib: pip install ".[plots]" in a checkout, or pip install '
+        '"spacy-elmo[plots] @ git+<repository URL>"')
 
 
 GPU_TRAINING_SCRIPT = """

@@ -8,7 +8,7 @@
 (-100 for `<S>`, `</S>` and padding). The score is conlleval's: entity precision, recall and F1, an entity counting
 only when its type and both boundaries are right. The output directory holds the tagger, its tokenizer and its
 pipeline: `pipeline("token-classification", model=output_dir, trust_remote_code=True, aggregation_strategy="simple")`
-tags raw text. Needs `pip install "spacy-elmo[train]"` (Accelerate for the
+tags raw text. Needs the `train` extra (`pip install ".[train]"`: Accelerate for the
 Trainer). Every other argument is a `TrainingArguments` field.
 """
 
