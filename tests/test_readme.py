@@ -1,10 +1,11 @@
-"""The README's code runs as written: every Python block in a namespace of its own, in a fresh interpreter (the
-published models served by a local server with the AllenNLP fixture weights, no network), and every command of its
-shell blocks exists."""
+"""The documents' code runs as written: every Python block of the README and docs/migrating.md in a namespace of its
+own, in a fresh interpreter, and every line of the shell blocks of the README and the docs in order at toy sizes, or,
+where it cannot run here (a GPU, several processes, hours), checked against its `--help` with the reason written
+down; published models come from a local server with the AllenNLP fixture weights, the Hub is a local fake: no
+network."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -15,7 +16,6 @@ import pytest
 from elmo_fixtures import ALLENNLP, require
 from file_server import FileServer, published_files
 from spacy_fixtures import REPO
-from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow  # a fresh interpreter per block
 
@@ -29,16 +29,6 @@ def blocks(path: Path, language: str) -> list[str]:
 
 def python_blocks() -> list[tuple[str, str]]:
     return [(f"{path.name}:{index}", code) for path in DOCUMENTS for index, code in enumerate(blocks(path, "python"))]
-
-
-@pytest.fixture(scope="module")
-def published(tmp_path_factory) -> dict[str, str]:
-    """The environment of a process that downloads every published model from a local server."""
-    server = FileServer(published_files(require(ALLENNLP / "options.json").read_bytes(),
-                                        require(ALLENNLP / "lm_weights.hdf5").read_bytes()))
-    yield {**os.environ, "ELMO_PUBLISHED_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0",
-           "HF_HUB_CACHE": str(tmp_path_factory.mktemp("hub"))}
-    server.server.shutdown()
 
 
 def test_the_documents_have_python_and_shell_blocks():
@@ -58,13 +48,13 @@ print("FAILURES " + json.dumps(failures))
 """
 
 
-def test_every_python_block_runs_as_written(published, tmp_path):
+def test_every_python_block_runs_as_written(services, tmp_path):
     """Each block in a namespace of its own (one interpreter for all of them: their imports load once)."""
     import json
 
     named = python_blocks()
     result = subprocess.run([sys.executable, "-c", RUN_BLOCKS], input=json.dumps(named), cwd=tmp_path,
-                            env=published, capture_output=True, text=True, timeout=600)
+                            env=services, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     output, _, failures = result.stdout.rpartition("FAILURES ")
     assert json.loads(failures) == {}, failures
@@ -73,78 +63,76 @@ def test_every_python_block_runs_as_written(published, tmp_path):
     assert all(part.split("\n", 1)[1].strip() for part in printed), "a block prints nothing"
 
 
-def shell_commands() -> list[list[str]]:
-    """The `elmo`, `python -m spacy_elmo` and `python -m spacy init|train` commands of the README's shell blocks."""
-    commands = []
-    for code in blocks(REPO / "README.md", "bash"):
-        for line in code.splitlines():
-            words = shlex.split(line.split(" #")[0].split(" <")[0], posix=True)
-            if words[:1] == ["elmo"] or words[:3] in (["python", "-m", "spacy_elmo"], ["python", "-m", "spacy"]):
-                commands.append(words)
-    return commands
-
-
-def test_every_command_of_the_shell_blocks_exists_with_its_options():
-    from hf_elmo.cli import app as elmo
-    from spacy_elmo.cli import app as spacy_elmo
-
-    commands = shell_commands()
-    assert len(commands) >= 15
-    runner = CliRunner()
-    for words in commands:
-        if words[0] == "elmo":
-            subcommand, options = words[1], [word for word in words[2:] if word.startswith("--")]
-            result = runner.invoke(elmo, [subcommand, "--help"])
-            help_text = result.stdout if subcommand != "pretrain" else _pretrain_help()
-        elif words[2] == "spacy_elmo":
-            subcommand, options = words[3], [word for word in words[4:] if word.startswith("--")]
-            result = runner.invoke(spacy_elmo, [subcommand, "--help"])
-            help_text = result.stdout
-        else:  # python -m spacy init elmo-config / train: spaCy's own CLI
-            subcommand = " ".join(words[3:5] if words[3] == "init" else words[3:4])
-            result = subprocess.run([sys.executable, "-m", "spacy", *subcommand.split(), "--help"],
-                                    capture_output=True, text=True, timeout=120)
-            options, help_text = [], result.stdout
-            result.exit_code = result.returncode
-        assert result.exit_code == 0, f"{' '.join(words)}: {help_text[-500:]}"
-        for option in options:
-            assert option.split("=")[0] in help_text or option.startswith("--paths."), f"{' '.join(words)}: {option}"
-
-
-def _pretrain_help() -> str:
-    from contextlib import redirect_stdout
-    from io import StringIO
-
-    from hf_elmo.training.pretrain import parse_arguments
-
-    text = StringIO()
-    with redirect_stdout(text), pytest.raises(SystemExit):
-        parse_arguments(["--help"])
-    return text.getvalue()
-
-
-# Lines of the README's shell blocks that are not run here, and why (any other line runs: a new one must be either).
+# The documents whose shell blocks the tests run (each in a directory of its own).
+SHELL_DOCUMENTS = ["README.md", "spacy_elmo/README.md", "training/README.md", "docs/performance.md",
+                   "benchmarks/README.md", "benchmarks/paper/README.md"]
+# Lines not run here, and why: set-up that installs or copies (not checked)...
 NOT_RUN = {
     "git clone ": "the tests run in a checkout",
     "pip install ": "an install: test_core_install.py installs the package alone into a fresh virtualenv",
     "make ": "`make test` is what CI runs; `make demo` runs `elmo demo`, which runs here",
-    "elmo pretrain training/english_default_gpu.yaml": "a GPU recipe on pretrain-en after english_default.yaml's "
-    "build-vocab: benchmarks/gpu_check.py runs it on a GPU (on PTB)",
+    "python3 -m venv ": "AllenNLP's virtualenv for the comparisons (benchmarks/README.md): an install",
+    "/tmp/allennlp-venv/bin/pip ": "AllenNLP's virtualenv: an install",
+    "source .gpu/setup.sh": "the lent GPU machine's set-up",
+    "cp ": "copies a trained model into the package",
+}
+# ... and commands checked against their `--help` (the command and every option it is given exist) but not run.
+CHECKED_ONLY = {
+    "elmo pretrain training/english_default_gpu.yaml": "a GPU recipe on pretrain-en: gpu_check.py runs it on a GPU",
+    "elmo pretrain training/ptb_gpu.yaml": "a GPU recipe: its CPU twin ptb_cpu.yaml runs here",
+    "elmo pretrain training/english_default.yaml": "hours on pretrain-en (the record of how the shipped model was "
+    "trained, each run continuing the one before); ptb_cpu.yaml runs here",
+    "elmo build-vocab '../shared/data/pretrain-en": "minutes over pretrain-en: test_training builds vocabularies",
+    'elmo build-vocab "../shared/data/pretrain-en': "minutes over pretrain-en: test_training builds vocabularies",
+    "elmo evaluate runs/english-default": "the record of the shipped model's runs (their models are not here)",
+    "elmo export-encoder runs/english-default": "writes into the package's shipped model",
+    "elmo export-encoder runs/default-": "the record of the shipped model's runs",
+    "elmo pretrain --init_model": "placeholders for your model and domain text (runs/english-small, domain/*.txt)",
+    "elmo convert elmo_2x4096": "the original ELMo's 374 MB files (published models run from a local server here)",
+    "accelerate launch --multi_gpu": "several GPUs",
+    "torchrun --nnodes": "several nodes",
+    "torchrun --standalone": "two processes: test_training.py runs them",
+    "python training/ner_trainer.py": "test_ner_recipe.py runs it on a slice of CoNLL-2003",
+    "python benchmarks/": "a benchmark: test_benchmarks.py and test_paper.py run each at toy sizes",
+    ".venv/bin/python benchmarks/": "a benchmark: test_benchmarks.py runs each at toy sizes",
+    "python3 benchmarks/gpu_check.py": "gpu_check on the lent GPU machine: test_benchmarks.py runs its CPU form",
+    "python -m spacy_elmo mix-weights PIPELINE": "PIPELINE stands for a trained pipeline (run above on one)",
 }
 # What a command gets on top of what is written, to run at toy sizes.
 TOY = {
-    "python -m spacy train ": "--training.max_steps 3 --training.eval_frequency 3 --corpora.train.limit 24 "
-                              "--corpora.dev.limit 8",
-    "elmo pretrain ": "--max_steps 2 --logging_steps 1 --eval_steps 0 --save_steps 2 --threads 1 --model_config "
+    "python -m spacy_elmo convert-conll2003 ": "--limit 3",
+    "python -m spacy train ": "--training.max_steps 3 --training.eval_frequency 3",
+    "elmo pretrain ": "--train_files toy.txt --validation_files toy.txt --max_steps 2 --logging_steps 1 --eval_steps 0 "
+                      "--save_steps 2 --threads 1 --model_config "
                       "'{\"char_embedding_dim\": 4, \"filters\": [[1, 8], [2, 8]], \"n_highway\": 1, "
                       "\"lstm_dim\": 16, \"projection_dim\": 16}'",
 }
 
 
-def readme_lines() -> list[str]:
-    """The command lines of the README's shell blocks, in order (continuations joined, comments kept)."""
-    return [line for code in blocks(REPO / "README.md", "bash") for line in code.replace("\\\n", " ").splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+def shell_lines(document: str) -> list[str]:
+    """The command lines of a document's shell blocks, in order: continuations joined, comment lines left out, and
+    each block's `NAME=value` assignments put in place of `$NAME` in its later lines."""
+    lines = []
+    for code in blocks(REPO / document, "bash"):
+        variables = {}
+        for line in code.replace("\\\n", " ").splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            assignment = re.fullmatch(r"([A-Z]\w*)=(\S+)", line.strip())
+            if assignment:
+                variables[assignment[1]] = assignment[2]
+                continue
+            for name, value in variables.items():
+                line = line.replace(f"${name}", value)
+            lines.append(" ".join(line.split()))
+    return lines
+
+
+def classify(line: str) -> str:
+    """"not run", "checked" or "run"."""
+    if any(line.startswith(prefix) for prefix in NOT_RUN):
+        return "not run"
+    return "checked" if any(line.startswith(prefix) for prefix in CHECKED_ONLY) else "run"
 
 
 def at_toy_size(line: str) -> str:
@@ -153,7 +141,7 @@ def at_toy_size(line: str) -> str:
     command = line.split(" #")[0].rstrip()
     command, redirect, source = command.partition(" < ")
     for prefix, extra in TOY.items():
-        if command.startswith(prefix):
+        if command.startswith(prefix) and extra:
             command = f"{command} {extra}"
     if command.startswith("python -m spacy train ") and gpu_with_cupy():
         command += " --gpu-id 0"
@@ -170,22 +158,38 @@ def gpu_with_cupy() -> bool:
 
 RUN_COMMANDS = """
 import json, os, runpy, shlex, sys, time, traceback
+from contextlib import redirect_stdout
 from importlib.metadata import entry_points
+from io import StringIO
 console = {script.name: script for script in entry_points(group="console_scripts")}
-results = []
-for command in json.loads(sys.stdin.read()):
-    line, _, source = command.partition(" < ")
-    words = shlex.split(line)
-    start, stdin = time.perf_counter(), sys.stdin
-    sys.stdin = open(source.strip()) if source else open(os.devnull)
-    try:
-        if words[:2] == ["python", "-m"]:  # python -m MODULE ARGS
+
+
+def run(words):
+    if words[0].endswith(("python", "python3")):
+        if words[1] == "-m":  # python -m MODULE ARGS
             sys.argv = [words[2], *words[3:]]
             runpy.run_module(words[2], run_name="__main__", alter_sys=True)
-        else:  # a console script of the package: elmo ARGS
-            sys.argv = words
-            console[words[0]].load()()
-        code = 0
+        elif words[1] == "-c":  # python -c CODE
+            exec(compile(words[2], "<-c>", "exec"), {"__name__": "__main__"})
+        else:  # python SCRIPT ARGS: its directory first on the path, as the interpreter puts it
+            sys.argv = words[1:]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(words[1])))
+            runpy.run_path(words[1], run_name="__main__")
+    else:  # a console script of the package: elmo ARGS
+        sys.argv = words
+        console[words[0]].load()()
+
+
+results = []
+for command, help_only in json.loads(sys.stdin.read()):
+    line, _, source = command.partition(" < ")
+    words = shlex.split(line)
+    start, stdin, output = time.perf_counter(), sys.stdin, StringIO()
+    sys.stdin = open(source.strip()) if source else open(os.devnull)
+    try:
+        with redirect_stdout(output) if help_only else redirect_stdout(sys.stdout):
+            run(words)
+        code, error = 0, ""
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
         error = "" if code == 0 else str(exit.code)
@@ -195,47 +199,104 @@ for command in json.loads(sys.stdin.read()):
         sys.stdin.close()
         sys.stdin = stdin
     results.append({"command": command, "code": code, "seconds": round(time.perf_counter() - start, 1),
-                    "error": "" if code == 0 else error})
-    if code:
+                    "error": error, "help": output.getvalue() if help_only else ""})
+    if code and not help_only:
         break
 print("RESULTS " + json.dumps(results))
 """
 
 
-def test_every_line_of_the_readmes_shell_blocks_runs_as_written_at_toy_sizes(tmp_path):
-    """Each command of the README's shell blocks, in order, in one directory (a later command reads what an earlier
-    one wrote), as written with toy sizes appended (`TOY`), through the same entry points as from a shell (the
-    package's console scripts, `python -m`), in one interpreter (their imports load once): published models from a
-    local server, the Hub a local fake, the shared data and the recipes where the README says. A line that fails,
-    or is neither run nor listed in `NOT_RUN` with its reason, fails the test: a stale command fails CI."""
+def run_commands(commands: list[tuple[str, bool]], cwd: Path, env: dict[str, str]) -> list[dict]:
+    """`(command, help_only)` pairs run in order in one fresh interpreter (`RUN_COMMANDS`), through the entry points a
+    shell uses; a help's output is returned, a failing command stops the run."""
     import json
 
-    from fake_hub import FakeHub, hub_env
-
-    work = tmp_path / "work"
-    work.mkdir()
-    (tmp_path / "shared").symlink_to(REPO.parent / "shared")  # ../shared/data, as from a checkout
-    for name in ("training", "hf_elmo"):
-        (work / name).symlink_to(REPO / name)
-    (work / "in.txt").write_text("The bank raised its rates .\nWe sat on the river bank .\n")
-    (work / "options.json").write_bytes(require(ALLENNLP / "options.json").read_bytes())
-    (work / "weights.hdf5").write_bytes(require(ALLENNLP / "lm_weights.hdf5").read_bytes())
-    server = FileServer(published_files(require(ALLENNLP / "options.json").read_bytes(),
-                                        require(ALLENNLP / "lm_weights.hdf5").read_bytes()))
-    lines = readme_lines()
-    skipped = [line for line in lines if any(line.startswith(prefix) for prefix in NOT_RUN)]
-    commands = [at_toy_size(line) for line in lines if line not in skipped]
-    with FakeHub() as hub:
-        env = {**hub_env(hub.url, tmp_path / "hf_home"), "ELMO_PUBLISHED_ENDPOINT": server.url,
-               "HF_HUB_OFFLINE": "0", "TQDM_DISABLE": "1"}
-        result = subprocess.run([sys.executable, "-c", RUN_COMMANDS], input=json.dumps(commands), cwd=work, env=env,
-                                capture_output=True, text=True, timeout=600)
-    server.server.shutdown()
+    result = subprocess.run([sys.executable, "-c", RUN_COMMANDS], input=json.dumps(commands), cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=600)
     assert "RESULTS " in result.stdout, result.stderr[-3000:]
     results = json.loads(result.stdout.rpartition("RESULTS ")[2])
     failed = [r for r in results if r["code"]]
     assert not failed, f"{failed[0]['command']}\n{failed[0]['error']}\n{result.stderr[-3000:]}"
-    assert [r["command"] for r in results] == commands and len(commands) >= 15 and len(skipped) == 8
-    assert (work / "out" / "model-best").is_dir() and (work / "weights.png").read_bytes()[:4] == b"\x89PNG"
-    assert (work / "runs" / "ptb-encoder" / "model.safetensors").is_file() and list(work.glob("back/elmo_*"))
-    assert (work / "out.npy").is_file() and (work / "out.hdf5").is_file()
+    return results
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory) -> dict[str, str]:
+    """The environment of the documents' commands: published models from a local server, a fake Hub, no bars."""
+    from fake_hub import FakeHub, hub_env
+
+    server = FileServer(published_files(require(ALLENNLP / "options.json").read_bytes(),
+                                        require(ALLENNLP / "lm_weights.hdf5").read_bytes()))
+    with FakeHub() as hub:
+        yield {**hub_env(hub.url, tmp_path_factory.mktemp("hf_home")), "ELMO_PUBLISHED_ENDPOINT": server.url,
+               "HF_HUB_OFFLINE": "0", "TQDM_DISABLE": "1"}
+    server.server.shutdown()
+
+
+def work_directory(root: Path) -> Path:
+    """A directory to run a document's commands in, as from the repository's root: the recipes and the package
+    beside it, `../shared/data`, and the input files the commands name."""
+    work = root / "work"
+    work.mkdir()
+    (root / "shared").symlink_to(REPO.parent / "shared")
+    for name in ("training", "hf_elmo", "benchmarks"):
+        (work / name).symlink_to(REPO / name)
+    (work / "in.txt").write_text("The bank raised its rates .\nWe sat on the river bank .\n")
+    ptb = (REPO.parent / "shared" / "data" / "ptb" / "ptb.valid.txt").read_text(encoding="utf-8")
+    (work / "toy.txt").write_text("".join(ptb.splitlines(keepends=True)[:200]), encoding="utf-8")  # pretraining text
+    (work / "options.json").write_bytes(require(ALLENNLP / "options.json").read_bytes())
+    (work / "weights.hdf5").write_bytes(require(ALLENNLP / "lm_weights.hdf5").read_bytes())
+    return work
+
+
+@pytest.mark.parametrize("document", SHELL_DOCUMENTS)
+def test_every_line_of_the_documents_shell_blocks_runs_as_written_at_toy_sizes(document, services, tmp_path):
+    """Each command of a document's shell blocks, in order, in one directory (a later command reads what an earlier
+    one wrote), as written with toy sizes appended (`TOY`), through the same entry points as from a shell (the
+    package's console scripts, `python -m`, `python SCRIPT`), in one interpreter (their imports load once). A
+    command that cannot run here (a GPU, several processes, hours, files not shipped) is listed in `CHECKED_ONLY`
+    with its reason and checked against its `--help` (it and every option it is given exist); set-up lines in
+    `NOT_RUN`. A line that fails either way fails the test: a stale command fails CI."""
+    lines = shell_lines(document)
+    kinds = {line: classify(line) for line in lines}
+    commands = [(at_toy_size(line), False) for line in lines if kinds[line] == "run"]
+    checked = [line for line in lines if kinds[line] == "checked"]
+    results = run_commands([*commands, *((help_command(line), True) for line in checked)],
+                           work_directory(tmp_path), services)
+    assert [r["command"] for r in results] == [command for command, _ in commands] + [help_command(line)
+                                                                                      for line in checked]
+    for line, result in zip(checked, results[len(commands):]):
+        missing = [option for option in options_of(line) if option not in result["help"]]
+        assert not missing, f"{document}: {line}: {missing} not in the help of {help_command(line)}"
+    assert len(lines) >= {"README.md": 25, "training/README.md": 40}.get(document, 1)
+
+
+def help_command(line: str) -> str:
+    """The `--help` command that documents `line`'s command (the pretraining CLI for `accelerate launch` /
+    `torchrun ... -m hf_elmo.training`)."""
+    words = shlex.split(line.split(" #")[0])
+    if "-m" in words and words[words.index("-m") + 1] == "hf_elmo.training" or words[:2] == ["elmo", "pretrain"]:
+        return "python -m hf_elmo.training --help"
+    if words[0] == "elmo" or words[1] == "-m":
+        return " ".join([*words[: 2 if words[0] == "elmo" else 4], "--help"])
+    return f"python {words[1]} --help"
+
+
+def options_of(line: str) -> list[str]:
+    """The options `line` gives its command (after `-m hf_elmo.training` for a launcher), without values or the
+    brackets of optional ones."""
+    words = shlex.split(line.split(" #")[0].replace("[", " ").replace("]", " "))
+    if "hf_elmo.training" in words:
+        words = words[words.index("hf_elmo.training") + 1 :]
+    return [word.split("=")[0] for word in words if word.startswith("--")]
+
+
+def test_the_documents_commands_are_each_run_checked_or_set_up():
+    """Every line of the documents' shell blocks is run, or checked with a reason, or set-up (nothing unclassified
+    passes silently), and the README's run, but for its set-up and the GPU recipe."""
+    for document in SHELL_DOCUMENTS:
+        assert shell_lines(document), document
+    readme = {line: classify(line) for line in shell_lines("README.md")}
+    assert sum(kind == "run" for kind in readme.values()) >= 17
+    assert [line for line, kind in readme.items() if kind == "checked"] == [
+        "elmo pretrain training/english_default_gpu.yaml # the default architecture on one GPU (or accelerate launch)"]
