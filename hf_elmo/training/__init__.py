@@ -1,7 +1,8 @@
 """Training ELMo biLMs: vocabulary, streamed sharded data, the bidirectional LM objective (full or sampled
 softmax), atomic checkpoints, evaluation and the `elmo pretrain` loop (Hugging Face Accelerate).
 
-Needs the `train` extra (`pip install ".[train]"`: Accelerate); never imported by the model files, which stay Hub remote code.
+Needs the `train` extra (`pip install ".[train]"`: Accelerate); never imported by the model files, which stay Hub
+remote code.
 """
 
 from .checkpointing import latest_checkpoint, load_checkpoint, save_checkpoint
