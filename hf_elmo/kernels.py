@@ -179,6 +179,13 @@ def cuda_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> torch.dtyp
     return torch.get_autocast_dtype("cuda")
 
 
+def _inference_autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast computes `x`'s matmuls in, for eager inference under a GPU's autocast or the CPU's bf16
+    mode; None otherwise."""
+    cast = cuda_autocast_inference(x, x)
+    return torch.bfloat16 if cast is None and bf16_autocast_inference(x, x) else cast
+
+
 def _eager_cpu_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Eager (not compiling), this torch build has oneDNN's linear ops, CPU, no gradient needed."""
     return (
@@ -370,7 +377,7 @@ class ElmoKernels:
     ):
         self.options = options
         self.cache = inference_cache
-        self._masks: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._per_call: dict[object, object] = {}  # what a call makes once for all its layers
         self.traced = torch.compiler.is_compiling()
         self.every_position = self.traced or not options.uses_distinct_words(inputs)
         if self.traced:
@@ -396,9 +403,7 @@ class ElmoKernels:
         """A parameter as this call's arithmetic reads it: under autocast (a GPU's, or the CPU's bf16 mode) without
         gradient, its copy in the autocast dtype (activations computed from a float32 parameter would come out in
         float32, to be cast again), cast once by the cache if there is one; else itself."""
-        cast = cuda_autocast_inference(parameter, parameter)
-        if cast is None and bf16_autocast_inference(parameter, parameter):
-            cast = torch.bfloat16
+        cast = _inference_autocast_dtype(parameter)
         if cast is None:
             return parameter
         return parameter.to(cast) if self.cache is None else self.cache.cast_weight(parameter, cast)
@@ -406,9 +411,7 @@ class ElmoKernels:
     def in_compute_dtype(self, x: torch.Tensor) -> torch.Tensor:
         """Activations `x` in the dtype the matmuls under autocast (a GPU's, or the CPU's bf16 mode) read, without
         gradient; else `x` itself."""
-        cast = cuda_autocast_inference(x, x)
-        if cast is None and bf16_autocast_inference(x, x):
-            cast = torch.bfloat16
+        cast = _inference_autocast_dtype(x)
         return x if cast is None else x.to(cast)
 
     # -- the char CNN --------------------------------------------------------------------------------------------
@@ -486,14 +489,23 @@ class ElmoKernels:
         if self.recurrence == "fused" and not (return_state and len(set(lengths)) > 1):
             return self._padded_fused_recurrence(layer, inputs, mask, lengths, state, return_state)
         recurrence = self._fused_recurrence if self.recurrence == "fused" else self._step_recurrence
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        if order == list(range(len(lengths))):
+        order = self._longest_first(lengths, inputs.device)
+        if order is None:
             return recurrence(layer, inputs, lengths, state)
-        rows = host_index(order, inputs.device)
-        output, (h, c) = recurrence(layer, inputs[:, rows], [lengths[i] for i in order],
-                                    (state[0][:, rows], state[1][:, rows]))
-        restore = host_index(np.argsort(order).tolist(), inputs.device)
+        rows, sorted_lengths, restore = order
+        output, (h, c) = recurrence(layer, inputs[:, rows], sorted_lengths, (state[0][:, rows], state[1][:, rows]))
         return output[:, restore], (h[:, restore], c[:, restore])
+
+    def _longest_first(
+        self, lengths: Sequence[int], device: torch.device
+    ) -> tuple[torch.Tensor, list[int], torch.Tensor] | None:
+        """None for rows already longest first, else the index that sorts them, the sorted lengths and the index
+        that puts them back; made once per call for every layer."""
+        if "order" not in self._per_call:
+            order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+            self._per_call["order"] = None if order == list(range(len(lengths))) else (
+                host_index(order, device), [lengths[i] for i in order], host_index(np.argsort(order), device))
+        return self._per_call["order"]
 
     def _step_recurrence(
         self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]
@@ -593,10 +605,10 @@ class ElmoKernels:
 
     def _padding_mask(self, mask: torch.Tensor, longest: int, dtype: torch.dtype) -> torch.Tensor:
         """(batch, longest, 1): 1 at real positions, 0 at padding, in `dtype`; made once per call for every layer."""
-        key = (longest, dtype)
-        if key not in self._masks:
-            self._masks[key] = mask[:, :longest, None].to(dtype)
-        return self._masks[key]
+        key = ("mask", longest, dtype)
+        if key not in self._per_call:
+            self._per_call[key] = mask[:, :longest, None].to(dtype)
+        return self._per_call[key]
 
     def _fused_recurrence(
         self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]

@@ -117,6 +117,26 @@ def test_a_gpu_forward_of_a_batch_waits_for_nothing(tokenizer, dtype):
 
 
 @on_fake_cuda
+def test_a_clipped_model_on_a_gpu_sorts_its_rows_once_per_call_without_waiting(tokenizer):
+    """A clipped biLM takes the exact step loop on a GPU, which needs rows longest first: rows given in another order
+    are sorted by an index copied once per call (and one that puts them back), for every layer, without a wait."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config()).eval()  # clips: the step loop
+    batch = tokenizer.batch(SENTENCES)
+    with torch.no_grad():
+        reference = model(**batch).hidden_states
+    with DeviceWatch() as watch, torch.no_grad():
+        fake_cuda(model)
+        on_device = batch.to(DEVICE)
+        with watch.recording():
+            output = model(**on_device).hidden_states
+    assert watch.syncs == [] and watch.launches["cudnn_rnn"] == 0
+    assert [e.where.split(" ")[-1] for e in watch.transfers] == ["(host_index)"] * 2  # the order, and back
+    for layer, expected in zip(real(output), reference):
+        assert (layer - expected).abs().max() <= 1e-5
+
+
+@on_fake_cuda
 def test_the_transformers_path_reads_back_once_and_a_batch_never(tokenizer):
     """`model(**tokenizer(...))` checks its inputs' values: one read-back per call (the ids' range, the padding and
     the row lengths together); an `ElmoBatch` (or `lengths=`) brings the lengths from the host: none."""
@@ -137,29 +157,6 @@ def test_the_transformers_path_reads_back_once_and_a_batch_never(tokenizer):
         with watch.recording(), pytest.raises(ValueError, match=r"character ids must lie in \[0, 262\), found"):
             model(**bad)
         assert len(watch.syncs) == 1
-
-
-def test_the_fused_lstm_reads_unsorted_padded_rows_as_the_step_loop(tokenizer):
-    """Without final states the fused recurrence runs on the padded rows as they come (no sorting, no packing):
-    the step loop's outputs and gradients, an empty row and rows out of order included."""
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
-    encoded = tokenizer([SENTENCES[2], *SENTENCES], is_split_into_words=True, padding=True, return_tensors="pt")
-    ids, mask = encoded["input_ids"], encoded["attention_mask"]
-    encoded = {"input_ids": torch.cat([ids[:1], torch.zeros_like(ids[:1]), ids[1:]]),  # row 1: all padding
-               "attention_mask": torch.cat([mask[:1], torch.zeros_like(mask[:1]), mask[1:]])}
-    results = []
-    for mode in ("never", "always"):
-        model.kernel_options = type(model.kernel_options)(fused_lstm=mode)
-        model.zero_grad()
-        layers = model(**encoded).hidden_states
-        sum(layer.square().sum() for layer in layers).backward()
-        results.append((layers, model.bilstm.layers[1].recurrent_weight.grad.clone()))
-    (loop, loop_grad), (fused, fused_grad) = results
-    for a, b in zip(loop, fused):
-        assert (a - b).abs().max() <= 1e-5
-    assert fused[-1][1].abs().max() == 0  # the empty row
-    assert (loop_grad - fused_grad).abs().max() <= 1e-5 * loop_grad.abs().max()
 
 
 # -- pretraining -----------------------------------------------------------------------------------------------

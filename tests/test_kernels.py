@@ -305,6 +305,33 @@ def test_fused_lstm_computes_the_step_loop_for_unclipped_models(tokenizer):
     torch.testing.assert_close(fused.final_state[0][:, :, -1], initial_state[0][:, :, -1])
 
 
+def layers_and_gradient(model, encoded, options, weight) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The model's layers for `encoded` under kernel `options`, and the gradient of `weight(model)` for the sum of
+    their squares."""
+    model.kernel_options = options
+    model.zero_grad()
+    layers = model(**encoded).hidden_states
+    sum(layer.square().sum() for layer in layers).backward()
+    return layers, weight(model).grad.clone()
+
+
+def test_the_fused_lstm_reads_unsorted_padded_rows_as_the_step_loop(tokenizer):
+    """Without final states the fused recurrence runs on the padded rows as they come (no sorting, no packing):
+    the step loop's outputs and gradients, an empty row and rows out of order included."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
+    input_ids, attention_mask = _with_empty_row(
+        tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt"))
+    encoded = {"input_ids": input_ids, "attention_mask": attention_mask}
+    (loop, loop_grad), (fused, fused_grad) = (
+        layers_and_gradient(model, encoded, ElmoKernelOptions(fused_lstm=mode),
+                            lambda m: m.bilstm.layers[1].recurrent_weight) for mode in ("never", "always"))
+    for a, b in zip(loop, fused):
+        assert (a - b).abs().max() <= 1e-5
+    assert fused[-1][-1].abs().max() == 0  # the empty row
+    assert (loop_grad - fused_grad).abs().max() <= 1e-5 * loop_grad.abs().max()
+
+
 def test_fused_lstm_mode_defaults_to_exactness():
     torch.manual_seed(0)
     clipped, unclipped = ElmoModel(tiny_config()), ElmoModel(tiny_config(cell_clip=None, proj_clip=None))
@@ -363,15 +390,12 @@ def test_the_char_cnn_on_every_position_gives_the_distinct_words_values_and_grad
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()  # no dropout; gradients still flow
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
-    results = []
-    for distinct in (True, False):
-        model.kernel_options = ElmoKernelOptions(distinct_words=distinct)
-        assert ElmoKernels(model.kernel_options, encoded["input_ids"]).every_position is not distinct
-        model.zero_grad()
-        layers = model(**encoded).hidden_states
-        sum(layer.square().sum() for layer in layers).backward()
-        results.append((layers, model.char_cnn.convs[2].weight.grad.clone()))
-    (layers, grad), (every_layers, every_grad) = results
+    options = {distinct: ElmoKernelOptions(distinct_words=distinct) for distinct in (True, False)}
+    for distinct, chosen in options.items():
+        assert ElmoKernels(chosen, encoded["input_ids"]).every_position is not distinct
+    (layers, grad), (every_layers, every_grad) = (
+        layers_and_gradient(model, encoded, options[distinct], lambda m: m.char_cnn.convs[2].weight)
+        for distinct in (True, False))
     for a, b in zip(layers, every_layers):
         assert (a - b).abs().max() <= 1e-6
     assert (grad - every_grad).abs().max() <= 1e-5 * grad.abs().max()
