@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hf_elmo import ElmoCharTokenizer
-from hf_elmo.kernels import cpu_name
+from hf_elmo.runtime import cpu_name
 from hf_elmo.text import expand_files, get_word_tokenizer, read_lines
 from hf_elmo.training import DataPosition, LMBatches, WordVocabulary
 

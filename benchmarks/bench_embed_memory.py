@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench_training import random_corpus
 
-from hf_elmo.kernels import cpu_name
+from hf_elmo.runtime import cpu_name
 
 
 def write_corpus(path: Path, n_tokens: int, seed: int = 0, one_line: bool = False) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from bench_embed_memory import write_corpus
 
-from hf_elmo.kernels import cpu_name
+from hf_elmo.runtime import cpu_name
 
 
 def embed(model: str, input_file: Path, output_file: Path, processes: int, threads: int) -> float:

@@ -28,6 +28,7 @@ import string
 import subprocess
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,9 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel, load_model
-from hf_elmo.convert import export_hdf5
-from hf_elmo.kernels import cpu_name, onednn_available
+from hf_elmo.kernels import uses_onednn
+from hf_elmo.original_format import export_hdf5
+from hf_elmo.runtime import cpu_name, onednn_available
 
 WORKER = Path(__file__).with_name("allennlp_worker.py")
 
@@ -113,7 +115,7 @@ def main() -> None:
     device_batches, device_single = on_device[:-1], on_device[-1]
     n_tokens = args.sentences * args.length
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
-        f"float32 matmuls: {'oneDNN' if options.uses_onednn() and onednn_available() else 'F.linear (MKL)'}")
+        f"float32 matmuls: {'oneDNN' if uses_onednn(options) and onednn_available() else 'F.linear (MKL)'}")
     print(f"machine: {cpu_name()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
           f"{where}{'; this project under bf16 autocast' if args.bf16 else ''}")
@@ -130,7 +132,7 @@ def main() -> None:
     for name in args.presets.split(","):
         torch.manual_seed(0)
         model = ElmoModel(ElmoConfig.from_preset(name)).eval().to(device)
-        model.kernel_options = options
+        model.config.kernel_options = asdict(options)
         # Packed LSTM weights kept between calls; token representations too in the "cached" column.
         packed_only, cached = ElmoInferenceCache(token_cache_size=0), ElmoInferenceCache()
         with torch.inference_mode():

@@ -28,15 +28,15 @@ import torch
 from bench_inference import random_sentences, run_allennlp  # benchmarks/ (the script's directory)
 from transformers.utils import logging as hf_logging
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel
-from hf_elmo.kernels import cpu_name
-from hf_elmo.modeling_elmo import ElmoLstmLayer
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel, kernels
+from hf_elmo.kernels import LstmWeights
+from hf_elmo.runtime import cpu_name
 
 
-def matmuls_only(layer: ElmoLstmLayer, gates: torch.Tensor, c: torch.Tensor, project=None):
-    """`ElmoLstmLayer.cell` without its element-wise operations: the projection matmul of the first D gate columns."""
-    cells = gates[..., : c.shape[-1]]
-    return (project(cells) if project is not None else torch.bmm(cells, layer.projection_weight.mT)), c
+def matmuls_only(weights: LstmWeights, gates: torch.Tensor, c: torch.Tensor, project: Callable) -> tuple:
+    """The kernels' LSTM cell (`kernels._cell`) without its element-wise operations: the projection matmul of the
+    first D gate columns."""
+    return project(gates[..., : c.shape[-1]]), c
 
 
 def alternated_ms(calls: dict[str, Callable[[], object]], n: int) -> dict[str, list[float]]:
@@ -72,7 +72,7 @@ def main() -> None:
         call = functools.partial(model, **single, inference_cache=ElmoInferenceCache(token_cache_size=0))
 
         def without_gate_math(call=call) -> None:
-            with mock.patch.object(ElmoLstmLayer, "cell", matmuls_only):
+            with mock.patch.object(kernels, "_cell", matmuls_only):
                 call()
 
         with torch.inference_mode():

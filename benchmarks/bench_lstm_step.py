@@ -20,8 +20,9 @@ import torch
 from bench_training import best_seconds, matmul_flops_per_second  # benchmarks/ (the script's directory)
 
 from hf_elmo import ElmoConfig, ElmoInferenceCache, ElmoKernelOptions
-from hf_elmo.kernels import both_directions, cpu_name, packed_lstm_weights
+from hf_elmo.kernels import _cell, both_directions, packed_lstm_weights
 from hf_elmo.modeling_elmo import ElmoLstmLayer
+from hf_elmo.runtime import cpu_name
 
 
 def read_bytes_per_second(mebibytes: int, repeats: int) -> float:
@@ -38,6 +39,7 @@ def step_timings(layer: ElmoLstmLayer, rows: int, bf16: bool, options: ElmoKerne
     dtype = torch.bfloat16 if bf16 else torch.float32
     h, c = torch.randn(2, rows, hidden).to(dtype), torch.randn(2, rows, cell)
     step_input = list(torch.randn(2, rows, 4 * cell).to(dtype))
+    weights = layer.weights()
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         _, packed_recurrent, packed_projection = packed_lstm_weights(
             (layer.input_weight, layer.recurrent_weight, layer.projection_weight), h[:, :, None], options,
@@ -48,7 +50,7 @@ def step_timings(layer: ElmoLstmLayer, rows: int, bf16: bool, options: ElmoKerne
 
         def step() -> None:
             gates = both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)
-            layer.cell(gates, c, project)
+            _cell(weights, gates, c, project)
 
         def matmuls() -> None:
             both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)

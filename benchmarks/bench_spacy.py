@@ -24,7 +24,7 @@ import torch
 from spacy.training import Example
 from transformers.utils import logging as hf_logging
 
-from hf_elmo.kernels import cpu_name
+from hf_elmo.runtime import cpu_name
 from spacy_elmo.weights import random_bilm
 
 

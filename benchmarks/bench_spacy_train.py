@@ -261,7 +261,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from hf_elmo.kernels import cpu_name
+    from hf_elmo.runtime import cpu_name
 
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,9 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM
-from hf_elmo.kernels import ElmoKernelOptions, cpu_name, linear, native_bf16_cpu
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoKernelOptions
+from hf_elmo.kernels import linear
+from hf_elmo.runtime import cpu_name, native_bf16_cpu
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary, encode_batch, group_by_length, split_line
 
 

@@ -340,7 +340,7 @@ def main() -> None:
         return worker(args.worker)
     import torch
 
-    from hf_elmo.kernels import cpu_name
+    from hf_elmo.runtime import cpu_name
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

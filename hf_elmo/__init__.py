@@ -9,9 +9,9 @@ from transformers import (
     AutoTokenizer,
 )
 
-from .configuration_elmo import PRESETS, ElmoConfig
+from .configuration_elmo import PRESETS, ElmoConfig, ElmoKernelOptions
 from .embed import ElmoEmbedder, EmbedSettings, embed_file
-from .kernels import ElmoInferenceCache, ElmoKernelOptions
+from .kernels import ElmoInferenceCache
 from .loading import (
     DEFAULT_MODEL,
     DEFAULT_MODEL_NAME,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from dataclasses import asdict, dataclass
 
 from transformers import PreTrainedConfig
 
@@ -18,6 +19,11 @@ PRESETS: dict[str, dict] = {
     "small": {"lstm_dim": 1024, "projection_dim": 128, "n_highway": 1},  # 2x1024_128_2048cnn_1xhighway
 }
 
+# How `ElmoModel` computes its layers: "kernels" (`hf_elmo.kernels`, the fast forms for the device) or "reference"
+# (each block's own `forward`, the paper's computation written plainly; also what compilers trace).
+IMPLEMENTATIONS = ("kernels", "reference")
+FUSED_LSTM_MODES = ("auto", "always", "never")
+
 AUTO_MAP = {
     "AutoConfig": "configuration_elmo.ElmoConfig",
     "AutoModel": "modeling_elmo.ElmoModel",
@@ -25,6 +31,50 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_elmo.ElmoForTokenClassification",
     "AutoModelForSequenceClassification": "modeling_elmo.ElmoForSequenceClassification",
 }
+
+
+@dataclass(frozen=True)
+class ElmoKernelOptions:
+    """The kernels' choices (`ElmoConfig.kernel_options`, `implementation="kernels"`): how the arithmetic runs, never
+    what it computes beyond float32 rounding (but `fused_lstm="always"` on a clipped model). Measurements behind the
+    defaults: docs/performance.md.
+
+    Args:
+        onednn: CPU float32 inference matmuls through oneDNN (True) or `F.linear`, i.e. MKL (False): the same IEEE
+            float32 arithmetic summed in another order (outputs differ by ~1e-6). `"auto"`: MKL on Intel CPUs, where
+            it runs its own fastest code, oneDNN elsewhere, where MKL takes its AVX2 path. Training (autograd) always
+            uses `F.linear`; the bf16 mode always packs for oneDNN.
+        fused_lstm: `"auto"` runs the biLSTM through `nn.LSTM` (cuDNN) on a GPU for models without cell or
+            projection clipping, where it computes the same function, else the step loop; `"always"` also for
+            clipped models (an approximation: the original ELMo weights clip at 3); `"never"` the step loop.
+        char_cnn_chunk: distinct words per char-CNN call (bounds the memory of the convolution outputs).
+        lstm_time_chunk: time steps whose input projections are computed in one matmul (bounds memory on long
+            sentences).
+        single_row_bmm_max_weight: largest per-direction weight (elements) for which a one-row LSTM step uses one
+            batched MKL matmul for both directions rather than two oneDNN calls (each with a fixed cost).
+        distinct_words: the char CNN runs on each distinct word of a batch once, grouped by length and cut after the
+            characters the longest word of a group uses (True), or on every position of the batch, all character
+            slots (False): the same values. `"auto"`: distinct words on a CPU; every position on a GPU, where finding
+            the distinct words and their lengths makes the host wait for the device.
+    """
+
+    onednn: bool | str = "auto"
+    fused_lstm: str = "auto"
+    char_cnn_chunk: int = 1024
+    lstm_time_chunk: int = 128
+    single_row_bmm_max_weight: int = 1 << 20
+    distinct_words: bool | str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.fused_lstm not in FUSED_LSTM_MODES:
+            raise ValueError(f"fused_lstm must be 'auto', 'always' or 'never', got {self.fused_lstm!r}")
+        for name in ("onednn", "distinct_words"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value == "auto"):
+                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
+        for name, minimum in (("char_cnn_chunk", 1), ("lstm_time_chunk", 1), ("single_row_bmm_max_weight", 0)):
+            if problem := integer_problem(getattr(self, name), minimum):
+                raise ValueError(f"{name} {problem}")
 
 
 class ElmoConfig(PreTrainedConfig):
@@ -57,6 +107,13 @@ class ElmoConfig(PreTrainedConfig):
         classifier_dropout (`float`, 0.5): dropout on the ELMo mix and on the task encoder's output, in training.
         scalar_mix_l2 (`float`, 0.001): the paper's regulariser `lambda * ||s||^2` on the task models' layer
             scores, added to their loss.
+        implementation (`str`, `"kernels"`): how `ElmoModel` computes its layers, as `attn_implementation` in
+            transformers: `"kernels"` (`hf_elmo.kernels`: oneDNN or cuDNN, the char CNN once per distinct word, the
+            LSTM step loop over the rows still active, caches) or `"reference"` (each block's `forward`, the paper's
+            computation written plainly; what compilers and `torch.export` trace either way). The same function to
+            float32 rounding.
+        kernel_options (`dict`, optional): the fields of `ElmoKernelOptions` to change, e.g.
+            `{"fused_lstm": "always"}`.
 
     A model trained with `elmo pretrain` also records `word_tokenizer` (how raw text was split into words for
     training: `spacy:en`, `elmo` or `whitespace`; apply the same at inference) and `word_vocab_file` (the file
@@ -88,21 +145,22 @@ class ElmoConfig(PreTrainedConfig):
         task_hidden_size: int = 128,
         classifier_dropout: float = 0.5,
         scalar_mix_l2: float = 0.001,
+        implementation: str = "kernels",
+        kernel_options: dict | ElmoKernelOptions | None = None,
         **kwargs,
     ):
         filters = filters if filters is not None else PUBLISHED_FILTERS
-        for name, value, minimum in (
-            ("char_embedding_dim", char_embedding_dim, 1), ("n_highway", n_highway, 0),
-            ("lstm_dim", lstm_dim, 1),
-            ("projection_dim", projection_dim, 1), ("n_layers", n_layers, 1), ("task_hidden_size", task_hidden_size, 1),
+        for name, value, minimum, maximum in (
+            ("char_embedding_dim", char_embedding_dim, 1, None), ("n_highway", n_highway, 0, None),
+            ("lstm_dim", lstm_dim, 1, None), ("projection_dim", projection_dim, 1, None),
+            ("n_layers", n_layers, 1, None), ("task_hidden_size", task_hidden_size, 1, None),
+            ("max_characters_per_token", max_characters_per_token, 3, MAX_CHARACTERS_PER_TOKEN),
+            ("vocab_size", 1 if vocab_size is None else vocab_size, 1, None),
         ):
-            _check_integer(name, value, minimum)
-        _check_integer("max_characters_per_token", max_characters_per_token, 3, MAX_CHARACTERS_PER_TOKEN)
-        if vocab_size is not None:
-            _check_integer("vocab_size", vocab_size, 1)
+            if problem := integer_problem(value, minimum, maximum):
+                raise ValueError(f"ElmoConfig.{name} {problem}")
         if not isinstance(filters, (list, tuple)) or not filters or any(
-            not isinstance(f, (list, tuple)) or len(f) != 2 or not all(_is_integer(x) and x >= 1 for x in f)
-            for f in filters
+            not isinstance(f, (list, tuple)) or len(f) != 2 or any(integer_problem(x, 1) for x in f) for f in filters
         ):
             raise ValueError(f"ElmoConfig.filters must be a non-empty list of [width >= 1, n_filters >= 1] integer "
                              f"pairs, got {filters!r}")
@@ -134,6 +192,18 @@ class ElmoConfig(PreTrainedConfig):
             raise ValueError(f"ElmoConfig.freeze_elmo must be true or false, got {freeze_elmo!r}")
         if isinstance(scalar_mix_l2, bool) or not isinstance(scalar_mix_l2, (int, float)) or scalar_mix_l2 < 0:
             raise ValueError(f"ElmoConfig.scalar_mix_l2 must be a number >= 0, got {scalar_mix_l2!r}")
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"ElmoConfig.implementation must be one of {', '.join(IMPLEMENTATIONS)}, got "
+                             f"{implementation!r}")
+        if isinstance(kernel_options, ElmoKernelOptions):
+            kernel_options = asdict(kernel_options)
+        if kernel_options is not None and not isinstance(kernel_options, dict):
+            raise ValueError(f"ElmoConfig.kernel_options must be a dict of ElmoKernelOptions fields, got "
+                             f"{kernel_options!r}")
+        try:
+            ElmoKernelOptions(**(kernel_options or {}))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"ElmoConfig.kernel_options: {error}") from None
         self.char_embedding_dim = char_embedding_dim
         self.filters = filters
         self.activation = activation
@@ -154,6 +224,8 @@ class ElmoConfig(PreTrainedConfig):
         self.task_hidden_size = task_hidden_size
         self.classifier_dropout = classifier_dropout
         self.scalar_mix_l2 = scalar_mix_l2
+        self.implementation = implementation
+        self.kernel_options = kernel_options or None
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
         super().__init__(**kwargs)
 
@@ -178,6 +250,10 @@ class ElmoConfig(PreTrainedConfig):
         """Token layer plus one per LSTM layer."""
         return self.n_layers + 1
 
+    def kernels(self) -> ElmoKernelOptions:
+        """`kernel_options` as `ElmoKernelOptions` (the defaults where unset)."""
+        return ElmoKernelOptions(**(self.kernel_options or {}))
+
     @classmethod
     def from_preset(cls, name: str, **overrides) -> ElmoConfig:
         """One of the published architectures: `"original"`, `"medium"` or `"small"`."""
@@ -186,16 +262,16 @@ class ElmoConfig(PreTrainedConfig):
         return cls(**{**PRESETS[name], **overrides})
 
 
-def _is_integer(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_integer(name: str, value, minimum: int, maximum: int | None = None) -> None:
-    if not _is_integer(value) or value < minimum or (maximum is not None and value > maximum):
-        bounds = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
-        raise ValueError(f"ElmoConfig.{name} must be an integer {bounds}, got {value!r}")
+def integer_problem(value: object, minimum: int, maximum: int | None = None) -> str | None:
+    """What is wrong with `value` as an integer in [minimum, maximum] ("must be an integer >= 1, got 0"), or None:
+    the project's one check of an integer setting (True and 3.0 are not integers)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum and (
+            maximum is None or value <= maximum):
+        return None
+    bounds = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+    return f"must be an integer {bounds}, got {value!r}"
 
 
 ElmoConfig.register_for_auto_class()
 
-__all__ = ["ElmoConfig", "PRESETS"]
+__all__ = ["ElmoConfig", "ElmoKernelOptions", "PRESETS", "integer_problem"]

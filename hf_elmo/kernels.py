@@ -1,159 +1,140 @@
-"""How the biLM's arithmetic runs on each device, apart from what it computes (`modeling_elmo.py`).
+"""The fast forms of the biLM's arithmetic on each device (`ElmoConfig.implementation = "kernels"`, the default).
 
-A forward pass of `ElmoModel` makes one `ElmoKernels` from the model's `ElmoKernelOptions`, its inputs and the
-caller's `ElmoInferenceCache`, and asks it for every piece of arithmetic that has faster forms than its definition:
+`modeling_elmo.py` says what the biLM computes: each block's `forward` is the paper's computation written plainly.
+When the config asks for the kernels, `ElmoModel.forward` makes one `ElmoKernels` per call from the config's
+`ElmoKernelOptions`, the inputs and the caller's `ElmoInferenceCache`, and hands it each block's weights as a record
+(`CharCnnWeights`, `LstmWeights`): the kernels never reach into a module, and nothing here imports the model.
 
-- `ElmoKernels.linear`: float32 matmuls on CPU through oneDNN where this torch build has its linear ops, else
-  `F.linear`; in the opt-in bf16 mode (inference under CPU bf16 autocast) with weights packed in bf16 once.
 - `ElmoKernels.token_representations`: the char CNN over each distinct word of the batch once (or from the cache),
-  the words grouped by length so that short words do not pay for long ones.
-- `ElmoKernels.lstm`: one biLSTM layer through one of three recurrences, chosen once per call: the step loop over
-  the rows still active (`both_directions` per step, its weights packed for oneDNN or transposed), `nn.LSTM`
-  (cuDNN on a GPU, its weights kept in cuDNN's flat layout by the cache) or, for compilers and `torch.export`,
-  every row at every step under a mask.
+  the words grouped by length so that short words do not pay for long ones; its matmuls through `linear`.
+- `ElmoKernels.lstm`: one biLSTM layer through one of two recurrences, chosen once per call: the step loop over the
+  rows still active (`both_directions` per step, its weights packed for oneDNN or transposed), or `nn.LSTM` (cuDNN
+  on a GPU, its weights kept in cuDNN's flat layout by the cache). Each sorts the rows as it needs them.
+- `linear`: float32 matmuls on CPU through oneDNN where this torch build has its linear ops, else `F.linear`; in the
+  opt-in bf16 mode (inference under CPU bf16 autocast) with weights packed in bf16 once.
 
 `ElmoInferenceCache` holds what inference may keep between calls (token representations of frequent words, packed,
-transposed and flat copies of the weights), explicit and thread-safe; the modules themselves hold no state but
-their weights. None of this changes the function computed beyond float32 rounding, except the fused LSTM on a
-model that clips (opt-in: `fused_lstm="always"`) and the bf16 mode (opt-in: the caller's `torch.autocast`).
+transposed and flat copies of the weights), explicit and thread-safe. None of this changes the function computed
+beyond float32 rounding, except the fused LSTM on a model that clips (opt-in: `fused_lstm="always"`) and the bf16
+mode (opt-in: the caller's `torch.autocast`). Why each default: docs/performance.md.
 """
 
 from __future__ import annotations
 
-import platform
 import threading
 import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-FUSED_LSTM_MODES = ("auto", "always", "never")
+from .configuration_elmo import ElmoKernelOptions, integer_problem
+from .runtime import intel_cpu, native_bf16_cpu, onednn_available
+
+# (h, c) of one layer: h (2, batch, P), c (2, batch, D); direction 0 is the forward LM, 1 the backward LM.
+LayerState = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
-class ElmoKernelOptions:
-    """Kernel choices of a biLM; set as `model.kernel_options = ElmoKernelOptions(...)` (or `dataclasses.replace`).
+class CharCnnWeights:
+    """What the kernels read of the char CNN (`ElmoCharCNN.weights()`): the parameters themselves, never copies.
 
-    Args:
-        onednn: CPU float32 inference matmuls through oneDNN (True) or `F.linear`, i.e. MKL (False): the same IEEE
-            float32 arithmetic summed in another order (outputs differ by ~1e-6). `"auto"` (the default): MKL on
-            Intel CPUs, where it runs its own fastest code, and oneDNN elsewhere, where MKL only takes its AVX2 path
-            (AMD EPYC: oneDNN 2-3x faster; 2-core Xeon with AMX: MKL 5-10 % faster, see
-            docs/performance.md). Training (autograd) always uses `F.linear`; the bf16 mode always packs for oneDNN.
-        fused_lstm: `"auto"` runs the biLSTM through `nn.LSTM` (cuDNN) on a GPU for models without cell or
-            projection clipping, where it computes the same function, else the step loop; `"always"` also for
-            clipped models (an approximation: the original ELMo weights clip at 3); `"never"` the step loop.
-        char_cnn_chunk: distinct words per char-CNN call (bounds the memory of the convolution outputs).
-        lstm_time_chunk: time steps whose input projections are computed in one matmul (bounds memory on long
-            sentences).
-        single_row_bmm_max_weight: largest per-direction weight (elements) for which a one-row LSTM step uses one
-            batched MKL matmul for both directions rather than two oneDNN calls (~15 µs fixed cost each). Measured
-            on an AMD EPYC (one 20-word sentence): small model 12.4 -> 10.1 ms with its 0.5M-element weights; with
-            2M-element weights both are on par (medium) or oneDNN is faster (original).
-        distinct_words: the char CNN runs on each distinct word of a batch once, grouped by length and cut after the
-            characters the longest word of a group uses (True), or on every position of the batch, all character
-            slots (False): the same values. `"auto"`: distinct words on a CPU; every position on a GPU, where finding
-            the distinct words and their lengths makes the host wait for the device (and the GPU has the FLOPs).
+    char_embedding (n_characters, char_dim), its row `padding_idx` all zeros; filters: per bank the Conv1d weight
+    (n_filters, char_dim, width) and bias (n_filters,); highway: per layer the (2F, F) weight (transform, then gate)
+    and (2F,) bias; projection: (P, F) weight and (P,) bias, None where F == P; `padding_char_id` fills a word's row
+    after its end-of-word character.
     """
 
-    onednn: bool | str = "auto"
-    fused_lstm: str = "auto"
-    char_cnn_chunk: int = 1024
-    lstm_time_chunk: int = 128
-    single_row_bmm_max_weight: int = 1 << 20
-    distinct_words: bool | str = "auto"
+    char_embedding: torch.Tensor
+    padding_idx: int
+    filters: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    activation: str
+    highway: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    projection: tuple[torch.Tensor, torch.Tensor] | None
+    padding_char_id: int
 
-    def __post_init__(self) -> None:
-        if self.fused_lstm not in FUSED_LSTM_MODES:
-            raise ValueError(f"fused_lstm must be 'auto', 'always' or 'never', got {self.fused_lstm!r}")
-        for name in ("onednn", "distinct_words"):
-            value = getattr(self, name)
-            if not (isinstance(value, bool) or value == "auto"):
-                raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
-        for name in ("char_cnn_chunk", "lstm_time_chunk"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        value = self.single_row_bmm_max_weight
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"single_row_bmm_max_weight must be an integer >= 0, got {value!r}")
+    @property
+    def output_dim(self) -> int:
+        """Width of a token representation: the projection's, else the number of filters."""
+        if self.projection is not None:
+            return self.projection[0].shape[0]
+        return sum(weight.shape[0] for weight, _ in self.filters)
 
-    def uses_onednn(self) -> bool:
-        """Whether CPU float32 inference matmuls go through oneDNN (where this torch build has it)."""
-        return not intel_cpu() if self.onednn == "auto" else self.onednn
+    @property
+    def widest_filter(self) -> int:
+        return max(weight.shape[2] for weight, _ in self.filters)
 
-    def uses_fused_lstm(self, reference: torch.Tensor, clipped: bool) -> bool:
-        """Whether a biLSTM (`clipped`: with cell or projection clipping) runs through `fused_lstm` for tensors
-        like `reference`."""
-        if self.fused_lstm == "auto":
-            return reference.is_cuda and not clipped
-        return self.fused_lstm == "always"
-
-    def uses_distinct_words(self, reference: torch.Tensor) -> bool:
-        """Whether the char CNN runs on each distinct word once for tensors like `reference` (else every position)."""
-        return not reference.is_cuda if self.distinct_words == "auto" else self.distinct_words
-
-    def uses_batched_step(self, rows: int, weight: torch.Tensor) -> bool:
-        """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both
-        directions rather than oneDNN: a single row and at most `single_row_bmm_max_weight` elements per direction."""
-        return rows == 1 and weight.shape[1] * weight.shape[2] <= self.single_row_bmm_max_weight  # no tensor op
+    def parameters(self) -> list[torch.Tensor]:
+        """Every tensor the token representations depend on."""
+        pairs = [*self.filters, *self.highway, *([self.projection] if self.projection is not None else [])]
+        return [self.char_embedding, *(tensor for pair in pairs for tensor in pair)]
 
 
-@cache
-def onednn_available() -> bool:
-    """Whether this torch build computes float32 linears through oneDNN (checked on first use, not at import, so
-    that oneDNN's settings from the environment can still be made before)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 2))
-        output = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), weight, None, "none", [], "")
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return torch.equal(output, torch.full((1, 3), 2.0))
+@dataclass(frozen=True)
+class LstmWeights:
+    """What the kernels read of one biLSTM layer (`ElmoLstmLayer.weights()`), both directions stacked on a leading
+    axis, gate blocks in TensorFlow's order (input, candidate, forget, output): input_weight (2, 4D, K),
+    recurrent_weight (2, 4D, P), bias (2, 4D) as stored (`forget_bias` is added to the forget gate at run time),
+    projection_weight (2, P, D) or None (no projection when P == D); the clips, None where the layer does not clip."""
+
+    input_weight: torch.Tensor
+    recurrent_weight: torch.Tensor
+    bias: torch.Tensor
+    projection_weight: torch.Tensor | None
+    cell_clip: float | None
+    proj_clip: float | None
+    forget_bias: float
+
+    @property
+    def clipped(self) -> bool:
+        return self.cell_clip is not None or self.proj_clip is not None
+
+    def parameters(self) -> list[torch.Tensor]:
+        """Every weight of the layer."""
+        return [w for w in (self.input_weight, self.recurrent_weight, self.bias, self.projection_weight)
+                if w is not None]
+
+    def bias_with_forget_bias(self) -> torch.Tensor:
+        """(2, 4D) bias with `forget_bias` added to the forget gate (gates i, j, f, o)."""
+        cell = self.bias.shape[1] // 4
+        return torch.cat([self.bias[:, : 2 * cell], self.bias[:, 2 * cell : 3 * cell] + self.forget_bias,
+                          self.bias[:, 3 * cell :]], dim=1)
 
 
-def _cpuinfo_field(name: str) -> str:
-    """The first value of `name` in /proc/cpuinfo ("" where it cannot be read, e.g. not on Linux)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.split(":")[0].strip() == name), "")
-    except OSError:
-        return ""
+def uses_onednn(options: ElmoKernelOptions) -> bool:
+    """Whether CPU float32 inference matmuls go through oneDNN (where this torch build has it)."""
+    return not intel_cpu() if options.onednn == "auto" else options.onednn
 
 
-def cpu_name() -> str:
-    """The CPU's model name as `lscpu` shows it (/proc/cpuinfo), else the platform's processor or machine."""
-    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+def recurrence_for(options: ElmoKernelOptions, device: torch.device, clipped: bool) -> str:
+    """The LSTM loop the kernels take on `device` for a biLSTM that clips (`clipped`) or not: `"fused"` (`nn.LSTM`,
+    cuDNN on a GPU) or `"steps"` (the step loop over the active rows)."""
+    if options.fused_lstm == "auto":
+        return "fused" if device.type == "cuda" and not clipped else "steps"
+    return "fused" if options.fused_lstm == "always" else "steps"
 
 
-@cache
-def native_bf16_cpu() -> bool:
-    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX, from the Linux CPU flags; False where
-    they cannot be read). Elsewhere bf16 autocast is emulated: slower than float32, or barely faster."""
-    flags = _cpuinfo_field("flags").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+def uses_distinct_words(options: ElmoKernelOptions, device: torch.device) -> bool:
+    """Whether the char CNN runs on each distinct word once on `device` (else on every position)."""
+    return device.type != "cuda" if options.distinct_words == "auto" else options.distinct_words
 
 
-@cache
-def intel_cpu() -> bool:
-    """Whether this is an Intel CPU (vendor GenuineIntel in /proc/cpuinfo), where MKL runs its own fastest code."""
-    return _cpuinfo_field("vendor_id") == "GenuineIntel"
+def uses_batched_step(options: ElmoKernelOptions, rows: int, weight: torch.Tensor) -> bool:
+    """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both directions
+    rather than oneDNN: a single row and at most `single_row_bmm_max_weight` elements per direction."""
+    return rows == 1 and weight.shape[1] * weight.shape[2] <= options.single_row_bmm_max_weight  # no tensor op
 
 
 def onednn_usable(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
-    """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast (compilers
-    and `torch.export` get `F.linear`)."""
+    """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast."""
     return (
-        _eager_cpu_inference(x, weight)  # first: compilers cannot trace the CPU check of `uses_onednn`
-        and options.uses_onednn()
+        _eager_cpu_inference(x, weight)
+        and uses_onednn(options)
         and x.dtype == weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
     )
@@ -171,26 +152,25 @@ def bf16_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def cuda_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
-    """The autocast dtype when `x @ weight` runs eagerly on a GPU under autocast without gradient (the weights are
-    then cast once and kept by the cache, rather than cast by autocast at every call and step), else None."""
-    if (torch.compiler.is_compiling() or x.device.type != "cuda" or not torch.is_autocast_enabled("cuda")
+    """The autocast dtype when `x @ weight` runs on a GPU under autocast without gradient (the weights are then cast
+    once and kept by the cache, rather than cast by autocast at every call and step), else None."""
+    if (x.device.type != "cuda" or not torch.is_autocast_enabled("cuda")
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return None
     return torch.get_autocast_dtype("cuda")
 
 
 def _inference_autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype autocast computes `x`'s matmuls in, for eager inference under a GPU's autocast or the CPU's bf16
-    mode; None otherwise."""
+    """The dtype autocast computes `x`'s matmuls in, for inference under a GPU's autocast or the CPU's bf16 mode;
+    None otherwise."""
     cast = cuda_autocast_inference(x, x)
     return torch.bfloat16 if cast is None and bf16_autocast_inference(x, x) else cast
 
 
 def _eager_cpu_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Eager (not compiling), this torch build has oneDNN's linear ops, CPU, no gradient needed."""
+    """This torch build has oneDNN's linear ops, CPU, no gradient needed."""
     return (
-        not torch.compiler.is_compiling()
-        and onednn_available()
+        onednn_available()
         and x.device.type == "cpu"
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     )
@@ -219,7 +199,7 @@ def linear(
 
 def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(N, K) weight → a copy in `dtype` in oneDNN's blocked layout for `linear`: the same results, and without the
-    per-call reordering (1.5-2.5x faster for matmuls of few rows, as in the LSTM recurrence)."""
+    per-call reordering (faster for matmuls of few rows, as in the LSTM recurrence: docs/performance.md)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype))
 
 
@@ -239,11 +219,10 @@ def packed_lstm_weights(
     every step).
 
     - float32, a one-row call whose step weights (recurrent, projection) all take the batched-MKL step
-      (`options.uses_batched_step`): those two transposed to contiguous (2, K, N), only from `inference_cache` (the
-      transposed view is read ~25 µs slower per step of the small preset, in the model; a copy per call costs about
-      what it saves).
+      (`uses_batched_step`): those two transposed to contiguous (2, K, N), only from `inference_cache` (a copy per
+      call costs about what it saves over the transposed view).
     - float32 (`onednn_usable`): the step weights packed per direction, never the input weight (one matmul per
-      window: a packed copy of the largest weight measured only ~2 % faster).
+      window, where a pack gains little).
     - bf16 autocast (`bf16_autocast_inference`): all three packed per direction in bf16, which autocast would
       otherwise cast again at every call and step.
     - a GPU under autocast (`cuda_autocast_inference`), with `inference_cache`: the input weight cast to the autocast
@@ -263,7 +242,7 @@ def packed_lstm_weights(
         _eager_cpu_inference(x, present[0])
         and not torch.is_autocast_enabled("cpu")
         and x.dtype == present[0].dtype == torch.float32
-        and all(options.uses_batched_step(x.shape[1], w) for w in present)
+        and all(uses_batched_step(options, x.shape[1], w) for w in present)
     ):
         return None if inference_cache is None else [None, *inference_cache.transposed_weights(step_weights)]
     if onednn_usable(x, present[0], options):
@@ -281,9 +260,8 @@ def packed_linear_weight(
     weight: torch.Tensor, x: torch.Tensor, inference_cache: ElmoInferenceCache | None
 ) -> torch.Tensor:
     """A linear layer's (N, K) weight as `linear(x, ...)` reads it: in the bf16 mode (`bf16_autocast_inference`)
-    packed once in bf16 by `inference_cache`, which autocast would otherwise cast again at every call (the char CNN's
-    highway: one 20-word sentence of the small preset 10.5 -> 8.8 ms, the original 42.6 -> 39.8 ms), else `weight`
-    itself (in float32 a packed copy gained 0-1 % of one-sentence latency)."""
+    packed once in bf16 by `inference_cache`, which autocast would otherwise cast again at every call, else `weight`
+    itself (in float32 a packed copy gains nothing measurable: docs/performance.md)."""
     if inference_cache is None:
         return weight
     cast = cuda_autocast_inference(x, weight)
@@ -305,11 +283,11 @@ def both_directions(
 
     `packed` is `packed_lstm_weights`' form of `weight`. Through oneDNN with directions packed for it (in their
     dtype); else one batched matmul (MKL), reading `packed` where it is the (2, K, N) transposed copy: without a
-    packed form, and for float32 where `options.uses_batched_step` (a single row and a small weight: oneDNN's fixed
+    packed form, and for float32 where `uses_batched_step` (a single row and a small weight: oneDNN's fixed
     cost per call would dominate).
     """
     if isinstance(packed, list) and (
-        packed[0].dtype != torch.float32 or not options.uses_batched_step(x.shape[1], weight)
+        packed[0].dtype != torch.float32 or not uses_batched_step(options, x.shape[1], weight)
     ):
         return torch.stack([linear(x[d], packed[d], None, options, add=None if add is None else add[d])
                             for d in range(2)])
@@ -319,28 +297,29 @@ def both_directions(
     return torch.baddbmm(torch.stack(add), x, transposed)
 
 
-def _meta_lstm(layer: nn.Module) -> nn.LSTM:
-    """An `nn.LSTM` (one direction, batch first) of the sizes of an `ElmoLstmLayer`, on the meta device."""
-    cell, hidden = layer.recurrent_weight.shape[1] // 4, layer.recurrent_weight.shape[2]
-    return nn.LSTM(layer.input_weight.shape[-1], cell, proj_size=hidden if layer.projection_weight is not None else 0,
-                   batch_first=True, device="meta")
+def _meta_lstm(weights: LstmWeights) -> nn.LSTM:
+    """An `nn.LSTM` (one direction, batch first) of the sizes of an LSTM layer, on the meta device."""
+    cell, hidden = weights.recurrent_weight.shape[1] // 4, weights.recurrent_weight.shape[2]
+    return nn.LSTM(weights.input_weight.shape[-1], cell, batch_first=True, device="meta",
+                   proj_size=hidden if weights.projection_weight is not None else 0)
 
 
-def fused_lstm_weights(layer: nn.Module) -> list[dict[str, torch.Tensor]]:
-    """Per direction, the parameters of the `nn.LSTM(proj_size=P)` that computes an `ElmoLstmLayer` without its
-    clipping: its gates reordered from TensorFlow's (i, j, f, o) to PyTorch's (i, f, g, o), the forget bias added;
+def fused_lstm_weights(weights: LstmWeights) -> list[dict[str, torch.Tensor]]:
+    """Per direction, the parameters of the `nn.LSTM(proj_size=P)` that computes an LSTM layer without its clipping:
+    its gates reordered from TensorFlow's (i, j, f, o) to PyTorch's (i, f, g, o), the forget bias added;
     differentiable functions of the layer's weights."""
     def reordered(weight: torch.Tensor) -> torch.Tensor:  # slices, not an index made on the host (a copy to a GPU)
         i, j, f, o = weight.chunk(4, dim=0)
         return torch.cat([i, f, j, o])
 
-    bias = layer.bias_with_forget_bias()
+    bias = weights.bias_with_forget_bias()
     states = []
     for d in range(2):
-        state = {"weight_ih_l0": reordered(layer.input_weight[d]), "weight_hh_l0": reordered(layer.recurrent_weight[d]),
+        state = {"weight_ih_l0": reordered(weights.input_weight[d]),
+                 "weight_hh_l0": reordered(weights.recurrent_weight[d]),
                  "bias_ih_l0": reordered(bias[d]), "bias_hh_l0": torch.zeros_like(bias[d])}
-        if layer.projection_weight is not None:
-            state["weight_hr_l0"] = layer.projection_weight[d]
+        if weights.projection_weight is not None:
+            state["weight_hr_l0"] = weights.projection_weight[d]
         states.append(state)
     return states
 
@@ -358,36 +337,51 @@ def _used_positions(char_ids: torch.Tensor, widest_filter: int, padding_id: int)
     return (last + 1 + widest_filter).clamp(max=chars)
 
 
-class ElmoKernels:
-    """How one forward pass of a biLM runs, decided when it starts from the model's `options`, its `inputs` (their
-    device; whether a compiler traces the call; the autocast in force) and the caller's `inference_cache`, which it
-    reads and fills. The blocks of `modeling_elmo.py` define the function; they call these for its arithmetic.
+def _cell(
+    weights: LstmWeights, gates: torch.Tensor, c: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]
+) -> LayerState:
+    """One step of both directions from the gate pre-activations (2, n, 4D), forget bias included, and the cell
+    c (2, n, D): the new (h (2, n, P), c), clipped where the layer clips; `project` maps h (2, n, D) → (2, n, P)."""
+    cell = c.shape[-1]
+    candidate = torch.tanh(gates[..., cell : 2 * cell])
+    input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
+    c = torch.addcmul(forget_gate * c, input_gate, candidate)
+    if weights.cell_clip is not None:
+        c = c.clamp(-weights.cell_clip, weights.cell_clip)
+    h = output_gate * torch.tanh(c)
+    if weights.projection_weight is not None:
+        h = project(h)
+    if weights.proj_clip is not None:
+        h = h.clamp(-weights.proj_clip, weights.proj_clip)
+    return h, c
 
-    `clipped`: whether the biLSTM clips cells or projections (then `nn.LSTM` is not the same function, and is used
-    only with `fused_lstm="always"`). `recurrence` is the LSTM loop chosen: `"steps"` (the step loop over the active
-    rows), `"fused"` (`nn.LSTM`, cuDNN on a GPU) or `"masked"` (every row at every step, for compilers).
+
+class ElmoKernels:
+    """How one forward pass of a biLM runs, decided when it starts from the config's `options`, its inputs (their
+    device, the autocast in force), the rows' lengths on the host and the caller's `inference_cache`, which it reads
+    and fills. `ElmoModel.forward` makes it (never while a compiler traces: then the blocks' own `forward` runs).
+
+    `every_position`: the char CNN runs on every position, all its character slots (on a GPU by default), rather than
+    on each distinct word once.
     """
 
     def __init__(
         self,
         options: ElmoKernelOptions,
-        inputs: torch.Tensor,
+        input_ids: torch.Tensor,
+        lengths: Sequence[int],
         inference_cache: ElmoInferenceCache | None = None,
-        clipped: bool = False,
     ):
         self.options = options
         self.cache = inference_cache
+        self.lengths = list(lengths)
+        self.device = input_ids.device
+        self.every_position = not uses_distinct_words(options, input_ids.device)
         self._per_call: dict[object, object] = {}  # what a call makes once for all its layers
-        self.traced = torch.compiler.is_compiling()
-        self.every_position = self.traced or not options.uses_distinct_words(inputs)
-        if self.traced:
-            self.recurrence = "masked"
-        else:
-            self.recurrence = "fused" if options.uses_fused_lstm(inputs, clipped) else "steps"
-            if (inputs.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-                    and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not native_bf16_cpu()):
-                warnings.warn("the biLM runs in bf16 (CPU bf16 autocast), but this CPU has no native bf16 "
-                              "(AVX512-BF16 or AMX): it is emulated, usually slower than float32", stacklevel=3)
+        if (input_ids.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not native_bf16_cpu()):
+            warnings.warn("the biLM runs in bf16 (CPU bf16 autocast), but this CPU has no native bf16 "
+                          "(AVX512-BF16 or AMX): it is emulated, usually slower than float32", stacklevel=3)
 
     # -- linear layers -------------------------------------------------------------------------------------------
     def linear(
@@ -415,30 +409,32 @@ class ElmoKernels:
         return x if cast is None else x.to(cast)
 
     # -- the char CNN --------------------------------------------------------------------------------------------
-    def token_representations(self, char_cnn: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """`char_cnn` (an `ElmoCharCNN`) on (batch, positions, chars) ids and their (batch, positions) mask →
-        (batch, positions, output_dim), zeros at padding.
+    def token_representations(
+        self, weights: CharCnnWeights, input_ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The char CNN on (batch, positions, chars) ids and their (batch, positions) mask → (batch, positions,
+        output_dim), zeros at padding.
 
         Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
-        needed). Traced, and on a GPU (`options.distinct_words`), every position goes through it, all its character
-        slots: the same values, without shapes that depend on the data (nothing for the host to wait for).
+        needed); with `every_position` every position goes through it, all its character slots: the same values,
+        without shapes that depend on the data (nothing for the host to wait for).
         """
         if self.every_position:
             words = input_ids.flatten(0, 1)
-            embedded = char_cnn.project(char_cnn.convolve(words, self), self).view(*input_ids.shape[:2], -1)
+            embedded = self._project(weights, self._convolve(weights, words)).view(*input_ids.shape[:2], -1)
             return embedded * mask[..., None]
         words, inverse = unique_rows(input_ids[mask])
-        needs_grad = torch.is_grad_enabled() and char_cnn.char_embedding.weight.requires_grad
+        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in weights.parameters())
         if self.cache is not None and not needs_grad:
             embedded = self.cache.token_representations(
-                words, list(char_cnn.parameters()), lambda ids: self.embed_words(char_cnn, ids)
+                words, weights.parameters(), lambda ids: self.embed_words(weights, ids)
             )
         else:
-            embedded = self.embed_words(char_cnn, words)
-        output = embedded.new_zeros(*input_ids.shape[:2], char_cnn.output_dim)
+            embedded = self.embed_words(weights, words)
+        output = embedded.new_zeros(*input_ids.shape[:2], weights.output_dim)
         return output.index_put((mask,), embedded[inverse])
 
-    def embed_words(self, char_cnn: nn.Module, char_ids: torch.Tensor) -> torch.Tensor:
+    def embed_words(self, weights: CharCnnWeights, char_ids: torch.Tensor) -> torch.Tensor:
         """(words, chars) ids → (words, output_dim), in chunks of `options.char_cnn_chunk` words.
 
         Words are taken shortest first, and the convolutions of a chunk run per group of words of similar length,
@@ -446,12 +442,12 @@ class ElmoKernels:
         group closes where the length grows once it holds a 32nd of a chunk (fewer, larger matmuls).
         """
         if not len(char_ids):
-            return char_cnn.char_embedding.weight.new_zeros(0, char_cnn.output_dim)
+            return weights.char_embedding.new_zeros(0, weights.output_dim)
         chunk = self.options.char_cnn_chunk
-        used = _used_positions(char_ids, char_cnn.widest_filter, char_cnn.padding_char_id)
+        used = _used_positions(char_ids, weights.widest_filter, weights.padding_char_id)
         group = chunk // 32  # the words a group holds before it may close
         if len(char_ids) <= group:  # one group (e.g. one sentence): nothing to sort
-            return char_cnn.project(char_cnn.convolve(char_ids[:, : int(used.max())], self), self)
+            return self._project(weights, self._convolve(weights, char_ids[:, : int(used.max())]))
         used, order = used.sort(stable=True)
         char_ids, representations = char_ids[order], []
         for chunk_start in range(0, len(used), chunk):
@@ -461,55 +457,77 @@ class ElmoKernels:
             for run, (width, count) in enumerate(zip(widths.tolist(), counts.tolist())):
                 end += count
                 if end - start >= group or run == len(widths) - 1:
-                    pooled.append(char_cnn.convolve(char_ids[start:end, :width], self))
+                    pooled.append(self._convolve(weights, char_ids[start:end, :width]))
                     start = end
-            representations.append(char_cnn.project(torch.cat(pooled), self))
+            representations.append(self._project(weights, torch.cat(pooled)))
         return torch.cat(representations)[order.argsort()]
+
+    def _convolve(self, weights: CharCnnWeights, char_ids: torch.Tensor) -> torch.Tensor:
+        """(words, chars) ids → (words, n_filters): every filter bank as one matmul of every window (words, windows,
+        char_dim * width) with the filters (n_filters, char_dim * width), the layout of Conv1d's weight (faster
+        than Conv1d on a CPU); max-pooled, then the bias (the same maximum as adding it to every window first, as
+        rounding is monotonic) and the activation. Under autocast the embeddings are cast once, not each bank's
+        windows."""
+        chars = self.in_compute_dtype(F.embedding(char_ids, weights.char_embedding, weights.padding_idx))
+        activation = torch.tanh if weights.activation == "tanh" else F.relu
+        pooled = []
+        for weight, bias in weights.filters:
+            windows = chars.unfold(1, weight.shape[2], 1).flatten(2)
+            scores = self.linear(windows, self.weight(weight).flatten(1), packed=False)
+            pooled.append(activation(scores.amax(dim=1) + self.weight(bias)))
+        return torch.cat(pooled, dim=-1)
+
+    def _project(self, weights: CharCnnWeights, pooled: torch.Tensor) -> torch.Tensor:
+        """(words, n_filters) → (words, output_dim): the highway layers, then the projection."""
+        x = pooled
+        for weight, bias in weights.highway:
+            transform, carry = self.linear(x, weight, bias).chunk(2, dim=-1)
+            gate = torch.sigmoid(carry)
+            x = gate * F.relu(transform) + (1 - gate) * x
+        return x if weights.projection is None else self.linear(x, *weights.projection)
 
     # -- the biLSTM ----------------------------------------------------------------------------------------------
     def lstm(
         self,
-        layer: nn.Module,
+        weights: LstmWeights,
         inputs: torch.Tensor,
         mask: torch.Tensor,
-        lengths: Sequence[int] | None,
-        state: tuple[torch.Tensor, torch.Tensor],
+        state: LayerState,
         return_state: bool = True,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """Both directions of `layer` (an `ElmoLstmLayer`) over `inputs` (2, batch, steps, input_dim) in processing
-        order (`lengths` on the host, None when traced; `mask` (batch, steps)). `state` = (h (2, batch, P),
-        c (2, batch, D)). Returns the outputs (2, batch, steps, P), zeros where padded, and with `return_state` each
-        row's state after its last step.
+    ) -> tuple[torch.Tensor, LayerState | None]:
+        """Both directions of one LSTM layer over `inputs` (2, batch, steps, input_dim) in processing order (`mask`
+        (batch, steps), its row lengths `self.lengths`). `state` = (h (2, batch, P), c (2, batch, D)). Returns the
+        outputs (2, batch, steps, P), zeros where padded, and with `return_state` each row's state after its last
+        step: what `ElmoLstmLayer.forward` computes.
 
         The fused recurrence reads the padded rows as they are, unless the final states of rows of different
         lengths are asked for; then it, like the step loop, needs the rows longest first (packed sequences, the
         active rows of a step a prefix): rows given in another order are sorted here and put back after."""
-        if self.recurrence == "masked":
-            return self._masked_recurrence(layer, inputs, mask, state)
-        if self.recurrence == "fused" and not (return_state and len(set(lengths)) > 1):
-            return self._padded_fused_recurrence(layer, inputs, mask, lengths, state, return_state)
-        recurrence = self._fused_recurrence if self.recurrence == "fused" else self._step_recurrence
-        order = self._longest_first(lengths, inputs.device)
+        lengths = self.lengths
+        fused = recurrence_for(self.options, self.device, weights.clipped) == "fused"
+        if fused and not (return_state and len(set(lengths)) > 1):
+            return self._padded_fused_recurrence(weights, inputs, mask, state, return_state)
+        recurrence = self._fused_recurrence if fused else self._step_recurrence
+        order = self._longest_first(inputs.device)
         if order is None:
-            return recurrence(layer, inputs, lengths, state)
+            return recurrence(weights, inputs, lengths, state)
         rows, sorted_lengths, restore = order
-        output, (h, c) = recurrence(layer, inputs[:, rows], sorted_lengths, (state[0][:, rows], state[1][:, rows]))
+        output, (h, c) = recurrence(weights, inputs[:, rows], sorted_lengths, (state[0][:, rows], state[1][:, rows]))
         return output[:, restore], (h[:, restore], c[:, restore])
 
-    def _longest_first(
-        self, lengths: Sequence[int], device: torch.device
-    ) -> tuple[torch.Tensor, list[int], torch.Tensor] | None:
+    def _longest_first(self, device: torch.device) -> tuple[torch.Tensor, list[int], torch.Tensor] | None:
         """None for rows already longest first, else the index that sorts them, the sorted lengths and the index
         that puts them back; made once per call for every layer."""
         if "order" not in self._per_call:
+            lengths = self.lengths
             order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
             self._per_call["order"] = None if order == list(range(len(lengths))) else (
                 host_index(order, device), [lengths[i] for i in order], host_index(np.argsort(order), device))
         return self._per_call["order"]
 
     def _step_recurrence(
-        self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        self, weights: LstmWeights, inputs: torch.Tensor, lengths: Sequence[int], state: LayerState
+    ) -> tuple[torch.Tensor, LayerState]:
         """The step loop over rows longest first: at step t only the `batch_sizes[t]` rows still active are computed."""
         options = self.options
         _, batch, steps, _ = inputs.shape
@@ -517,12 +535,12 @@ class ElmoKernels:
         started = batch_sizes[0] if steps else 0  # rows with at least one position
         h, c = state[0][:, :started], state[1][:, :started]
         packed_input, packed_recurrent, packed_projection = packed_lstm_weights(
-            (layer.input_weight, layer.recurrent_weight, layer.projection_weight), inputs, options, self.cache
+            (weights.input_weight, weights.recurrent_weight, weights.projection_weight), inputs, options, self.cache
         ) or (None, None, None)
-        bias = layer.bias_with_forget_bias()
+        bias = weights.bias_with_forget_bias()
 
         def project(h: torch.Tensor) -> torch.Tensor:
-            return both_directions(h, layer.projection_weight, packed_projection, options)
+            return both_directions(h, weights.projection_weight, packed_projection, options)
 
         outputs, finished_h, finished_c = [], [], []
         for start in range(0, steps, options.lstm_time_chunk):
@@ -531,7 +549,7 @@ class ElmoKernels:
                 break
             window = inputs[:, :active, start : start + options.lstm_time_chunk]
             # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
-            input_weight = layer.input_weight if packed_input is None else packed_input
+            input_weight = weights.input_weight if packed_input is None else packed_input
             projected = [linear(window[d], input_weight[d], bias[d], options).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
@@ -543,8 +561,8 @@ class ElmoKernels:
                     h, c = h[:, :n], c[:, :n]
                 step_input = [projected[d][offset][:n] for d in range(2)]
                 # Gate pre-activations (2, n, 4D).
-                gates = both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)
-                h, c = layer.cell(gates, c, project)
+                gates = both_directions(h, weights.recurrent_weight, packed_recurrent, options, add=step_input)
+                h, c = _cell(weights, gates, c, project)
                 outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
         if not outputs:
             return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
@@ -556,41 +574,19 @@ class ElmoKernels:
             output = F.pad(output, (0, 0, 0, steps - output.shape[2]))
         return output, (final_h, final_c)
 
-    def _masked_recurrence(
-        self, layer: nn.Module, inputs: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Every row at every step, its state kept where `mask` is False: no shapes or branches that depend on the
-        data, for `torch.compile` and `torch.export` (the recurrence is unrolled over the steps)."""
-        bias = layer.bias_with_forget_bias()
-        projected = torch.matmul(inputs, layer.input_weight.transpose(1, 2)[:, None]) + bias[:, None, None]
-        h, c = state
-        outputs = []
-        for step in range(inputs.shape[2]):
-            gates = torch.baddbmm(projected[:, :, step], h, layer.recurrent_weight.transpose(1, 2))
-            new_h, new_c = layer.cell(gates, c)
-            active = mask[:, step, None]  # (batch, 1)
-            h, c = torch.where(active, new_h, h), torch.where(active, new_c, c)
-            outputs.append(new_h * active)
-        return torch.stack(outputs, dim=2), (h, c)
-
     def _padded_fused_recurrence(
-        self,
-        layer: nn.Module,
-        inputs: torch.Tensor,
-        mask: torch.Tensor,
-        lengths: Sequence[int],
-        state: tuple[torch.Tensor, torch.Tensor],
-        return_state: bool,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        self, weights: LstmWeights, inputs: torch.Tensor, mask: torch.Tensor, state: LayerState, return_state: bool
+    ) -> tuple[torch.Tensor, LayerState | None]:
         """`nn.LSTM` (cuDNN on a GPU) over the padded rows in their order: in processing order every padded position
         comes after its row's real ones, so it changes no real output (its own outputs are zeroed). No sorting and no
         packing: nothing is copied from the host, and no kernels per distinct length. The final state is the LSTM's,
         right when every row has the same length (`lstm` asks for it only then)."""
         _, batch, steps, _ = inputs.shape
-        longest = max(lengths, default=0)
+        longest = max(self.lengths, default=0)
         if longest == 0:
-            return inputs.new_zeros(2, batch, steps, layer.recurrent_weight.shape[2]), state if return_state else None
-        lstm = self._fused_lstm(layer, inputs)
+            zeros = inputs.new_zeros(2, batch, steps, weights.recurrent_weight.shape[2])
+            return zeros, state if return_state else None
+        lstm = self._fused_lstm(weights, inputs)
         outputs, final_h, final_c = [], [], []
         for d in range(2):
             initial = (state[0][d : d + 1].contiguous(), state[1][d : d + 1].contiguous())
@@ -611,15 +607,15 @@ class ElmoKernels:
         return self._per_call[key]
 
     def _fused_recurrence(
-        self, layer: nn.Module, inputs: torch.Tensor, lengths: Sequence[int], state: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        self, weights: LstmWeights, inputs: torch.Tensor, lengths: Sequence[int], state: LayerState
+    ) -> tuple[torch.Tensor, LayerState]:
         """`nn.LSTM` per direction over packed sequences (rows longest first), for the final state of each row after
         its own last step."""
         _, batch, steps, _ = inputs.shape
         started = sum(1 for n in lengths if n > 0)  # nn.LSTM takes no empty rows: they keep zeros and their state
         if started == 0:
-            return inputs.new_zeros(2, batch, steps, layer.recurrent_weight.shape[2]), state
-        lstm = self._fused_lstm(layer, inputs)
+            return inputs.new_zeros(2, batch, steps, weights.recurrent_weight.shape[2]), state
+        lstm = self._fused_lstm(weights, inputs)
         row_lengths = torch.tensor(lengths[:started])  # on the host, where packing reads them
         outputs, final_h, final_c = [], [], []
         for d in range(2):
@@ -632,21 +628,21 @@ class ElmoKernels:
             final_c.append(torch.cat([c[0], state[1][d, started:]]))
         return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
 
-    def _fused_lstm(self, layer: nn.Module, inputs: torch.Tensor) -> Callable:
-        """`run(direction, inputs, (h0, c0))`: the `nn.LSTM(proj_size=P)` of one direction of `layer` without its
+    def _fused_lstm(self, weights: LstmWeights, inputs: torch.Tensor) -> Callable:
+        """`run(direction, inputs, (h0, c0))`: the `nn.LSTM(proj_size=P)` of one direction of the layer without its
         clipping. Without gradients for the weights, the cache keeps each direction's `nn.LSTM` with its weights
         flat in cuDNN's layout (in the autocast dtype under GPU autocast); with them, the weights are gathered into
         its layout at every call."""
-        weights_need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
+        weights_need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in weights.parameters())
         if self.cache is not None and not weights_need_grad:
-            lstms = self.cache.fused_lstms(layer, cuda_autocast_inference(inputs, layer.input_weight))
+            lstms = self.cache.fused_lstms(weights, cuda_autocast_inference(inputs, weights.input_weight))
             return lambda d, x, initial: lstms[d](x, initial)
-        gathered = fused_lstm_weights(layer)
+        gathered = fused_lstm_weights(weights)
 
         def run(d: int, x: torch.Tensor | nn.utils.rnn.PackedSequence, initial: tuple) -> tuple:
             with warnings.catch_warnings():  # gathered at each call (gate order): they cannot be flat
                 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
-                return torch.func.functional_call(_meta_lstm(layer), gathered[d], (x, initial))
+                return torch.func.functional_call(_meta_lstm(weights), gathered[d], (x, initial))
 
         return run
 
@@ -696,8 +692,8 @@ class ElmoInferenceCache:
     """
 
     def __init__(self, token_cache_size: int = 20_000):
-        if isinstance(token_cache_size, bool) or not isinstance(token_cache_size, int) or token_cache_size < 0:
-            raise ValueError(f"token_cache_size must be an integer >= 0, got {token_cache_size!r}")
+        if problem := integer_problem(token_cache_size, 0):
+            raise ValueError(f"token_cache_size {problem}")
         self.token_cache_size = token_cache_size
         self._lock = threading.Lock()
         self._tokens: OrderedDict[bytes, torch.Tensor] = OrderedDict()
@@ -773,25 +769,23 @@ class ElmoInferenceCache:
         return self._derived([weight], ("cast", dtype, transposed),
                              lambda w: (w.detach().mT if transposed else w.detach()).to(dtype).contiguous())
 
-    def fused_lstms(self, layer: nn.Module, dtype: torch.dtype | None = None) -> list[nn.LSTM]:
-        """The `nn.LSTM` of each direction of an `ElmoLstmLayer` (`fused_lstm_weights`), in `dtype` (default: the
-        layer's; under GPU autocast its dtype, which autocast would otherwise cast the weights to at every call), its
-        weights in one contiguous block in cuDNN's layout (`flatten_parameters`): made once, remade when a weight
-        changes."""
-        weights = [layer.input_weight, layer.recurrent_weight, layer.bias, layer.projection_weight]
-        dtype = dtype or layer.input_weight.dtype
+    def fused_lstms(self, weights: LstmWeights, dtype: torch.dtype | None = None) -> list[nn.LSTM]:
+        """The `nn.LSTM` of each direction of an LSTM layer (`fused_lstm_weights`), in `dtype` (default: the layer's;
+        under GPU autocast its dtype, which autocast would otherwise cast the weights to at every call), its weights in
+        one contiguous block in cuDNN's layout (`flatten_parameters`): made once, remade when a weight changes."""
+        dtype = dtype or weights.input_weight.dtype
 
         def make(_) -> list[nn.LSTM]:
             lstms = []
             with torch.no_grad():
-                for state in fused_lstm_weights(layer):
-                    lstm = _meta_lstm(layer).to_empty(device=layer.input_weight.device).to(dtype)
+                for state in fused_lstm_weights(weights):
+                    lstm = _meta_lstm(weights).to_empty(device=weights.input_weight.device).to(dtype)
                     lstm.requires_grad_(False).load_state_dict(state)
                     lstm.flatten_parameters()
                     lstms.append(lstm)
             return lstms
 
-        return self._derived([w for w in weights if w is not None], ("fused", dtype), make)
+        return self._derived(weights.parameters(), ("fused", dtype), make)
 
     def _derived(self, weights: Sequence[torch.Tensor], form: object, make: Callable[[torch.Tensor], object]) -> object:
         """`make(weights[0])`, made once per weight and `form` and again when any of `weights` changes."""

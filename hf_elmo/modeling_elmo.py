@@ -6,8 +6,11 @@ max-pooling, highway layers, projection) → token representation (batch, positi
 `n_layers + 1` layers of (batch, positions, 2P): the token representation duplicated, then each biLSTM layer
 as [forward; backward]. `ElmoScalarMix` combines them into one task-specific representation.
 
-The blocks say what is computed; how (oneDNN or cuDNN kernels, the char CNN over distinct words, the LSTM loops,
-caches) is `kernels.ElmoKernels`, chosen once per forward pass of `ElmoModel`.
+Each block's `forward` is the paper's computation written plainly (`config.implementation = "reference"`, and what
+compilers trace). By default (`"kernels"`) `ElmoModel.forward` hands each block's weights, as a record, to
+`kernels.ElmoKernels` made for the call: the same function in fast forms (oneDNN or cuDNN, the char CNN once per
+distinct word, the LSTM step loop over the rows still active, caches), as transformers picks an attention
+implementation from the config.
 
 Every sentence starts from the zero state unless `initial_state` is given, so a sentence's vectors do not
 depend on the other rows of its batch. `final_state` + `initial_state` reproduce the original stateful biLM.
@@ -29,7 +32,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassif
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_elmo import ElmoConfig
-from .kernels import ElmoInferenceCache, ElmoKernelOptions, ElmoKernels
+from .kernels import CharCnnWeights, ElmoInferenceCache, ElmoKernels, LayerState, LstmWeights
 from .text import remove_sentence_boundaries
 
 # TensorFlow's LSTMCell adds this to the forget gate at run time; it is not part of the stored bias.
@@ -97,15 +100,7 @@ class ElmoRepresentations(ModelOutput):
 # -- the char CNN ------------------------------------------------------------------------------------------------
 
 
-class ElmoLinear(nn.Linear):
-    """`nn.Linear` whose matmul `kernels` run (oneDNN; a bf16 copy packed once in the bf16 mode)."""
-
-    def forward(self, x: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
-        """(..., in_features) → (..., out_features)"""
-        return F.linear(x, self.weight, self.bias) if kernels is None else kernels.linear(x, self.weight, self.bias)
-
-
-class ElmoHighwayLayer(ElmoLinear):
+class ElmoHighwayLayer(nn.Linear):
     """One highway layer's Linear(F, 2F): the transform, then the gate (its own class for its initialisation)."""
 
 
@@ -120,10 +115,10 @@ class ElmoHighway(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ElmoHighwayLayer(dim, 2 * dim) for _ in range(n_layers))
 
-    def forward(self, x: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(words, F) → (words, F)"""
         for layer in self.layers:
-            transform, carry = layer(x, kernels).chunk(2, dim=-1)
+            transform, carry = layer(x).chunk(2, dim=-1)
             gate = torch.sigmoid(carry)
             x = gate * F.relu(transform) + (1 - gate) * x
         return x
@@ -131,8 +126,8 @@ class ElmoHighway(nn.Module):
 
 class ElmoCharCNN(nn.Module):
     """The context-independent token representation: each word's characters embedded, convolved by filter banks of
-    several widths, max-pooled over positions and activated (`convolve`), then highway layers and a projection to the
-    LSTM input width (`project`)."""
+    several widths, max-pooled over positions and activated, then highway layers and a projection to the LSTM input
+    width."""
 
     def __init__(self, config: ElmoConfig):
         super().__init__()
@@ -140,44 +135,35 @@ class ElmoCharCNN(nn.Module):
         self.convs = nn.ModuleList(
             nn.Conv1d(config.char_embedding_dim, n_filters, kernel_size=width) for width, n_filters in config.filters
         )
-        self.widest_filter = max(width for width, _ in config.filters)
-        self.padding_char_id = PADDING_CHAR_ID
-        self.activation = torch.tanh if config.activation == "tanh" else F.relu
+        self.activation = config.activation
         self.highway = ElmoHighway(config.n_filters, config.n_highway)
         # bilm-tf projects only when the CNN width differs from the LSTM input width.
         self.projection = (
-            ElmoLinear(config.n_filters, config.projection_dim) if config.n_filters != config.projection_dim else None
+            nn.Linear(config.n_filters, config.projection_dim) if config.n_filters != config.projection_dim else None
         )
-        self.output_dim = config.projection_dim
 
-    def convolve(self, char_ids: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
-        """(words, chars) character ids → (words, n_filters): every filter bank convolved, max-pooled, activated."""
-        chars = self.char_embedding(char_ids)  # (words, chars, char_dim)
-        if kernels is not None:  # under autocast: cast once here, not every filter width's windows
-            chars = kernels.in_compute_dtype(chars)
-        weight = (lambda parameter: parameter) if kernels is None else kernels.weight
-        pooled = []
-        for conv in self.convs:
-            # The convolution as one matmul of every window (words, windows, char_dim * width) with the filters
-            # (n_filters, char_dim * width), the layout of Conv1d's weight; 2-3x faster than Conv1d on CPU.
-            windows = chars.unfold(1, conv.kernel_size[0], 1).flatten(2)
-            filters = weight(conv.weight).flatten(1)
-            scores = F.linear(windows, filters) if kernels is None else kernels.linear(windows, filters, packed=False)
-            # Max-pool over positions, then the bias and the activation (the original adds the bias before the
-            # pool: the same maximum, as rounding is monotonic, without a bias copy per window).
-            pooled.append(self.activation(scores.amax(dim=1) + weight(conv.bias)))
-        return torch.cat(pooled, dim=-1)
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim), zeros
+        at padding."""
+        chars = self.char_embedding(input_ids.flatten(0, 1)).transpose(1, 2)  # (words, char_dim, chars)
+        activation = torch.tanh if self.activation == "tanh" else F.relu
+        pooled = torch.cat([activation(conv(chars).amax(dim=-1)) for conv in self.convs], dim=-1)  # (words, F)
+        token = self.highway(pooled)
+        if self.projection is not None:
+            token = self.projection(token)
+        return token.view(*input_ids.shape[:2], -1) * mask[..., None]
 
-    def project(self, pooled: torch.Tensor, kernels: ElmoKernels | None = None) -> torch.Tensor:
-        """(words, n_filters) pooled filters → (words, projection_dim): highway layers, then the projection."""
-        highway = self.highway(pooled, kernels)
-        return highway if self.projection is None else self.projection(highway, kernels)
-
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, kernels: ElmoKernels) -> torch.Tensor:
-        """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim):
-        `project(convolve(word))` for every real position, zeros at padding (each distinct word computed once:
-        `ElmoKernels.token_representations`)."""
-        return kernels.token_representations(self, input_ids, mask)
+    def weights(self) -> CharCnnWeights:
+        """The parameters, as the kernels read them."""
+        return CharCnnWeights(
+            char_embedding=self.char_embedding.weight,
+            padding_idx=self.char_embedding.padding_idx,
+            filters=tuple((conv.weight, conv.bias) for conv in self.convs),
+            activation=self.activation,
+            highway=tuple((layer.weight, layer.bias) for layer in self.highway.layers),
+            projection=None if self.projection is None else (self.projection.weight, self.projection.bias),
+            padding_char_id=PADDING_CHAR_ID,
+        )
 
 
 # -- the biLSTM --------------------------------------------------------------------------------------------------
@@ -203,48 +189,43 @@ class ElmoLstmLayer(nn.Module):
         self.cell_clip = config.cell_clip
         self.proj_clip = config.proj_clip if hidden < cell else None
 
-    def bias_with_forget_bias(self) -> torch.Tensor:
-        """(2, 4D) bias with `FORGET_BIAS` added to the forget gate, as TensorFlow's cell does (gates i, j, f, o)."""
-        cell = self.bias.shape[1] // 4
-        return torch.cat([self.bias[:, : 2 * cell], self.bias[:, 2 * cell : 3 * cell] + FORGET_BIAS,
-                          self.bias[:, 3 * cell :]], dim=1)
-
-    def cell(
-        self,
-        gates: torch.Tensor,
-        c: torch.Tensor,
-        project: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step of both directions from the gate pre-activations (2, n, 4D) and the cell c (2, n, D): the new
-        (h (2, n, P), c), clipped where the model clips. `project` computes h (2, n, D) → (2, n, P) with the
-        projection weight (default: one batched matmul)."""
-        cell = c.shape[-1]
-        candidate = torch.tanh(gates[..., cell : 2 * cell])
-        input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
-        c = torch.addcmul(forget_gate * c, input_gate, candidate)
-        if self.cell_clip is not None:
-            c = c.clamp(-self.cell_clip, self.cell_clip)
-        h = output_gate * torch.tanh(c)
-        if self.projection_weight is not None:
-            h = project(h) if project is not None else torch.bmm(h, self.projection_weight.transpose(1, 2))
-        if self.proj_clip is not None:
-            h = h.clamp(-self.proj_clip, self.proj_clip)
-        return h, c
-
     def forward(
-        self,
-        inputs: torch.Tensor,
-        mask: torch.Tensor,
-        lengths: Sequence[int] | None,
-        state: tuple[torch.Tensor, torch.Tensor],
-        kernels: ElmoKernels,
-        return_state: bool = True,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """Both directions over `inputs` (2, batch, steps, input_dim) in processing order (`mask` (batch, steps),
-        `lengths` its row lengths on the host); `state` = (h (2, batch, P), c (2, batch, D)). Returns the outputs
-        (2, batch, steps, P), zeros where padded, and with `return_state` each row's state after its last step
-        (the recurrence: `ElmoKernels.lstm`)."""
-        return kernels.lstm(self, inputs, mask, lengths, state, return_state)
+        self, inputs: torch.Tensor, mask: torch.Tensor, state: LayerState
+    ) -> tuple[torch.Tensor, LayerState]:
+        """Both directions over `inputs` (2, batch, steps, input_dim) in processing order, `mask` (batch, steps),
+        from `state` = (h (2, batch, P), c (2, batch, D)): every row at every step, a row's state kept where it is
+        padded. Returns the outputs (2, batch, steps, P), zeros where padded, and each row's state after its last
+        step."""
+        h, c = state
+        bias = self.weights().bias_with_forget_bias()
+        projected = torch.matmul(inputs, self.input_weight.transpose(1, 2)[:, None]) + bias[:, None, None]
+        outputs = []
+        for step in range(inputs.shape[2]):
+            gates = projected[:, :, step] + torch.bmm(h, self.recurrent_weight.transpose(1, 2))  # (2, batch, 4D)
+            input_gate, candidate, forget_gate, output_gate = gates.chunk(4, dim=-1)
+            new_c = torch.sigmoid(forget_gate) * c + torch.sigmoid(input_gate) * torch.tanh(candidate)
+            if self.cell_clip is not None:
+                new_c = new_c.clamp(-self.cell_clip, self.cell_clip)
+            new_h = torch.sigmoid(output_gate) * torch.tanh(new_c)
+            if self.projection_weight is not None:
+                new_h = torch.bmm(new_h, self.projection_weight.transpose(1, 2))
+            if self.proj_clip is not None:
+                new_h = new_h.clamp(-self.proj_clip, self.proj_clip)
+            active = mask[:, step, None]  # (batch, 1)
+            h, c = torch.where(active, new_h, h), torch.where(active, new_c, c)
+            outputs.append(new_h * active)
+        if not outputs:
+            return inputs.new_zeros(*inputs.shape[:3], h.shape[-1]), (h, c)
+        return torch.stack(outputs, dim=2), (h, c)
+
+    def weights(self) -> LstmWeights:
+        """The parameters, as the kernels read them."""
+        return LstmWeights(self.input_weight, self.recurrent_weight, self.bias, self.projection_weight,
+                           self.cell_clip, self.proj_clip, FORGET_BIAS)
+
+
+# `ElmoKernels.lstm`'s form: (layer's weights, inputs, mask, state, return_state) → (outputs, final state or None).
+Recurrence = Callable[[LstmWeights, torch.Tensor, torch.Tensor, LayerState, bool], tuple]
 
 
 class ElmoBiLstm(nn.Module):
@@ -257,7 +238,11 @@ class ElmoBiLstm(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.projection_dim = config.projection_dim
         self.lstm_dim = config.lstm_dim
-        self.clipped = any(layer.cell_clip is not None or layer.proj_clip is not None for layer in self.layers)
+
+    @property
+    def clipped(self) -> bool:
+        """Whether the layers clip cells or projections."""
+        return self.layers[0].weights().clipped
 
     def zero_state(self, batch: int, reference: torch.Tensor) -> ElmoState:
         """The state every sentence starts from by default."""
@@ -271,14 +256,14 @@ class ElmoBiLstm(nn.Module):
         self,
         token_layer: torch.Tensor,
         mask: torch.Tensor,
-        lengths: Sequence[int] | None,
-        kernels: ElmoKernels,
         initial_state: ElmoState | None = None,
         return_state: bool = True,
+        recurrence: Recurrence | None = None,
     ) -> tuple[list[torch.Tensor], ElmoState | None]:
         """token_layer (batch, positions, 2P), layer 0 `[token; token]`, whose forward half the forward LM reads and
-        whose backward half the backward LM reads; mask (batch, positions) and its row lengths on the host (None when
-        traced) → n_layers tensors (batch, positions, 2P), and with `return_state` the final state."""
+        whose backward half the backward LM reads, and the (batch, positions) mask → n_layers tensors (batch,
+        positions, 2P), and with `return_state` the final state. Each layer runs its own `forward`, or
+        `recurrence` with its weights (`ElmoKernels.lstm`)."""
         forward_input, backward_input = token_layer.chunk(2, dim=-1)
         batch, steps, width = forward_input.shape
         h0, c0 = initial_state if initial_state is not None else self.zero_state(batch, token_layer)
@@ -292,7 +277,11 @@ class ElmoBiLstm(nn.Module):
         layers, final_h, final_c = [], [], []
         for index, layer in enumerate(self.layers):
             layer_input = self.dropout(layer_input)
-            layer_output, state = layer(layer_input, mask, lengths, (h0[index], c0[index]), kernels, return_state)
+            state = (h0[index], c0[index])
+            if recurrence is None:
+                layer_output, state = layer(layer_input, mask, state)
+            else:
+                layer_output, state = recurrence(layer.weights(), layer_input, mask, state, return_state)
             if self.use_skip_connections and index > 0:
                 layer_output = layer_output + layer_input
             layers.append(torch.cat([layer_output[0], layer_output[1].gather(1, reverse_index)], dim=-1))
@@ -327,9 +316,10 @@ def scalar_mix(
 ) -> torch.Tensor:
     """The paper's mix, `gamma * sum_j weights_j * h_j`: `num_layers` layers (batch, positions, width) (or one
     tensor of them all) and their weights (num_layers,) → (batch, positions, width). With `layer_norm` each layer is
-    first normalised with the mean and variance of each sentence's real positions (`mask` (batch, positions), all of
-    its values): a sentence's output never depends on its batch. The one definition of the mix: `ElmoScalarMix`,
-    the spaCy layers and the Doc vectors all compute it here."""
+    first normalised with the mean and variance of all values of one sequence's real positions (a row of the batch,
+    `mask` (batch, positions)): a row's output never depends on the other rows. The one definition of the mix:
+    `ElmoScalarMix` (a row: one sentence, as the biLM read it), the spaCy mix (a row: one Doc, all its sentences)
+    and the Doc vectors all compute it here."""
     dtype = layers[0].dtype
     weights = weights.to(dtype)
     if isinstance(layers, torch.Tensor) and not layer_norm:  # stacked: one matmul over the layer axis
@@ -356,9 +346,9 @@ class ElmoScalarMix(nn.Module):
 
     Args:
         num_layers: number of layers mixed (`config.n_layers + 1`).
-        do_layer_norm: normalise each layer first with the mean and variance of each sentence's real
-            positions (all of its values). The original normalised over the whole batch, which makes a
-            sentence's output depend on its batch; per sentence keeps the output batch-independent.
+        do_layer_norm: normalise each layer first with the mean and variance of each row's real positions (all
+            of its values; `scalar_mix`). The original normalised over the whole batch, which makes a sentence's
+            output depend on its batch; per row keeps the output batch-independent.
         initial_scalar_parameters: initial `s` (default zeros = uniform average).
         trainable: learn `s` and `gamma` (False fixes them, e.g. `[-9e10, 1, -9e10]` selects layer 1).
         layer_dropout: in training, drop each layer from the mix with this probability (`scalar_mix_weights`).
@@ -483,8 +473,6 @@ class ElmoModel(ElmoPreTrainedModel):
         super().__init__(config)
         self.char_cnn = ElmoCharCNN(config)
         self.bilstm = ElmoBiLstm(config)
-        # How the arithmetic runs (oneDNN, cuDNN, chunk sizes), not what it computes; replace it to change them.
-        self.kernel_options = ElmoKernelOptions()
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -571,10 +559,15 @@ class ElmoModel(ElmoPreTrainedModel):
                 longest first are not sorted again.
         """
         mask, lengths = self._validate(input_ids, attention_mask, lengths, initial_state)
-        kernels = ElmoKernels(self.kernel_options, input_ids, inference_cache, self.bilstm.clipped)
-        token_repr = self.char_cnn(input_ids, mask, kernels)
+        if self.config.implementation == "reference" or torch.compiler.is_compiling():
+            token_repr = self.char_cnn(input_ids, mask)
+            recurrence = None
+        else:
+            kernels = ElmoKernels(self.config.kernels(), input_ids, lengths, inference_cache)
+            token_repr = kernels.token_representations(self.char_cnn.weights(), input_ids, mask)
+            recurrence = kernels.lstm
         token_layer = torch.cat([token_repr, token_repr], dim=-1)  # layer 0, as wide as the biLSTM layers
-        layers, final_state = self.bilstm(token_layer, mask, lengths, kernels, initial_state, return_state)
+        layers, final_state = self.bilstm(token_layer, mask, initial_state, return_state, recurrence)
         hidden_states = (token_layer, *layers)
         return ElmoModelOutput(
             last_hidden_state=hidden_states[-1],

@@ -8,7 +8,7 @@ import sys
 import pytest
 from spacy_fixtures import REPO, run_python
 
-from hf_elmo.kernels import native_bf16_cpu
+from hf_elmo.runtime import native_bf16_cpu
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 

@@ -31,8 +31,8 @@ from hf_elmo.cards import (
     card_source,
     weights_source,
 )
-from hf_elmo.convert import convert
 from hf_elmo.hub import push_to_hub
+from hf_elmo.original_format import convert
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
@@ -40,7 +40,8 @@ LM_REPO, CONVERTED_REPO = "org/tiny-elmo-lm", "org/elmo-allennlp"
 TINY_SOURCE = "Random weights for the tests of the `elmo` project (`torch.manual_seed(0)`)."
 CONVERTED_SOURCE = "Converted from the original weights `options.json` + `lm_weights.hdf5`."
 SENTENCES = [["The", "bank", "raised", "rates", "."], ["Élan", "naïve", "café", "日本", "—", "x" * 60], ["Hi"]]
-REMOTE_CODE = ("configuration_elmo.py", "kernels.py", "modeling_elmo.py", "text.py", "tokenization_elmo.py")
+REMOTE_CODE = (
+    "configuration_elmo.py", "kernels.py", "modeling_elmo.py", "runtime.py", "text.py", "tokenization_elmo.py")
 REPO_FILES = {
     ".gitattributes", "README.md", "added_tokens.json", "config.json", "model.safetensors", "tokenizer_config.json",
     *REMOTE_CODE,

@@ -1,6 +1,3 @@
-# The fixtures imported from test_model.py are redefined as test arguments by design.
-# ruff: noqa: F811
-
 """`hf_elmo.kernels`: how the biLM runs (oneDNN and MKL matmuls, bf16 packs, the char CNN over distinct words in
 length groups, the step loop, the fused `nn.LSTM` with its cached flat weights, chunking) never changes what it
 computes beyond float32 rounding, and `ElmoInferenceCache` follows the weights and is shared safely by threads."""
@@ -8,14 +5,14 @@ computes beyond float32 rounding, and `ElmoInferenceCache` follows the weights a
 import copy
 import pickle
 import re
+from dataclasses import asdict
 
 import pytest
 import torch
-from elmo_fixtures import tiny_config
-from test_model import SENTENCES, model, run, tokenizer  # noqa: F401 (the fixtures are found by name)
+from elmo_fixtures import SENTENCES, run, tiny_config
 
-from hf_elmo import ElmoCharTokenizer, ElmoInferenceCache, ElmoKernelOptions, ElmoModel
-from hf_elmo.kernels import ElmoKernels
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel
+from hf_elmo.kernels import ElmoKernels, recurrence_for, uses_distinct_words, uses_onednn
 
 
 def test_chunked_computation_equals_unchunked(model, tokenizer):
@@ -24,9 +21,9 @@ def test_chunked_computation_equals_unchunked(model, tokenizer):
     long_sentence = [f"w{i % 97}" for i in range(300)]
     sentences = [long_sentence, SENTENCES[0]]
     _, chunked = run(model, tokenizer, sentences)
-    model.kernel_options = ElmoKernelOptions(lstm_time_chunk=10_000, char_cnn_chunk=10_000)
+    model.config.kernel_options = dict(lstm_time_chunk=10_000, char_cnn_chunk=10_000)
     _, whole = run(model, tokenizer, sentences)
-    model.kernel_options = ElmoKernelOptions(lstm_time_chunk=7, char_cnn_chunk=3)
+    model.config.kernel_options = dict(lstm_time_chunk=7, char_cnn_chunk=3)
     _, small = run(model, tokenizer, sentences)
     for a, b, c in zip(chunked.hidden_states, whole.hidden_states, small.hidden_states):
         assert (a - b).abs().max() <= 1e-5 and (a - c).abs().max() <= 1e-5
@@ -36,27 +33,14 @@ def test_chunked_computation_equals_unchunked(model, tokenizer):
 def test_float32_matmuls_choose_mkl_on_intel_cpus_and_onednn_elsewhere(monkeypatch):
     """`onednn="auto"` (the default): MKL runs its own fastest code only on Intel CPUs (measured faster than oneDNN
     there), its AVX2 path elsewhere (oneDNN 2-3x faster on AMD EPYC); True / False force either."""
-    from hf_elmo import kernels
+    from hf_elmo import runtime
 
-    for vendor, uses_onednn in (("GenuineIntel", False), ("AuthenticAMD", True), ("", True)):
-        monkeypatch.setattr(kernels, "_cpuinfo_field", lambda name, v=vendor: v if name == "vendor_id" else "")
-        kernels.intel_cpu.cache_clear()
-        assert ElmoKernelOptions().uses_onednn() is uses_onednn
-        assert ElmoKernelOptions(onednn=True).uses_onednn() and not ElmoKernelOptions(onednn=False).uses_onednn()
-    kernels.intel_cpu.cache_clear()
-
-
-def test_cpu_name_is_lscpus_model_name_else_the_platforms(monkeypatch):
-    """What the benchmarks print as the machine: /proc/cpuinfo's model name (platform.processor() is empty on
-    Linux), else the platform's."""
-    import platform
-
-    from hf_elmo import kernels
-
-    monkeypatch.setattr(kernels, "_cpuinfo_field", lambda name: "AMD EPYC 9R45" if name == "model name" else "")
-    assert kernels.cpu_name() == "AMD EPYC 9R45"
-    monkeypatch.setattr(kernels, "_cpuinfo_field", lambda name: "")
-    assert kernels.cpu_name() == (platform.processor() or platform.machine()) != ""
+    for vendor, expected in (("GenuineIntel", False), ("AuthenticAMD", True), ("", True)):
+        monkeypatch.setattr(runtime, "_cpuinfo_field", lambda name, v=vendor: v if name == "vendor_id" else "")
+        runtime.intel_cpu.cache_clear()
+        assert uses_onednn(ElmoKernelOptions()) is expected
+        assert uses_onednn(ElmoKernelOptions(onednn=True)) and not uses_onednn(ElmoKernelOptions(onednn=False))
+    runtime.intel_cpu.cache_clear()
 
 
 def test_kernel_options_are_validated():
@@ -69,6 +53,17 @@ def test_kernel_options_are_validated():
             ElmoKernelOptions(**{field: value})
     with pytest.raises(ValueError, match="token_cache_size must be an integer >= 0"):
         ElmoInferenceCache(token_cache_size=-1)
+    # As a config field: checked when the config is made, named.
+    with pytest.raises(ValueError, match=re.escape("ElmoConfig.kernel_options: lstm_time_chunk must be an integer")):
+        tiny_config(kernel_options={"lstm_time_chunk": 0})
+    with pytest.raises(ValueError, match="ElmoConfig.kernel_options: .*unexpected keyword argument 'onednnn'"):
+        tiny_config(kernel_options={"onednnn": True})
+    with pytest.raises(ValueError, match="ElmoConfig.implementation must be one of kernels, reference, got 'fast'"):
+        tiny_config(implementation="fast")
+    config = tiny_config(kernel_options=ElmoKernelOptions(fused_lstm="always"))
+    assert config.kernels() == ElmoKernelOptions(fused_lstm="always")
+    assert ElmoConfig.from_dict(config.to_dict()).kernels() == config.kernels()  # saved with the model
+    assert tiny_config().to_dict()["kernel_options"] is None  # unset: the defaults, whatever they become
 
 
 def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenizer):
@@ -121,6 +116,56 @@ def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenize
     assert len(cache) == 0 and cached.char_cnn.convs[0].weight.grad is not None
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_the_kernels_char_cnn_is_the_blocks_convolution_max_pool_and_activation(activation):
+    """The kernels' char CNN (one matmul per filter width, the bias added after the max-pool, highway through
+    `linear`) against the block's own `forward` (`nn.Conv1d` with its bias, max over positions, activation): the
+    same values and gradients, the bias's included."""
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(activation=activation)).train()
+    cnn = model.char_cnn
+    for conv in cnn.convs:
+        torch.nn.init.normal_(conv.bias)  # bilm-tf initialises it to zero: make it matter
+    char_ids = ElmoCharTokenizer()([["a", "bank", "x" * 60, "Übung"]], is_split_into_words=True,
+                                   add_special_tokens=False, return_tensors="pt")["input_ids"]
+    mask = torch.ones(char_ids.shape[:2], dtype=torch.bool)
+    reference = cnn(char_ids, mask)
+    output = ElmoKernels(ElmoKernelOptions(), char_ids, [4]).token_representations(cnn.weights(), char_ids, mask)
+    torch.testing.assert_close(output, reference, rtol=0, atol=1e-6)
+    weights = list(cnn.parameters())
+    for got, expected in zip(torch.autograd.grad(output.square().sum(), weights),
+                             torch.autograd.grad(reference.square().sum(), weights), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_the_kernels_compute_the_blocks_reference_forward(tokenizer, clip):
+    """`implementation="kernels"` (the default) and `"reference"` (each block's own `forward`) give the same layers,
+    final states and gradients: rows out of order, an empty row, a carried state, clipped or not."""
+    torch.manual_seed(0)
+    clips = {} if clip else {"cell_clip": None, "proj_clip": None}
+    model = ElmoModel(tiny_config(**clips)).eval()  # no dropout; gradients still flow
+    input_ids, attention_mask = _with_empty_row(
+        tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt"))
+    h0, c0 = model.bilstm.zero_state(len(input_ids), attention_mask.float())
+    initial_state = (torch.randn_like(h0), torch.randn_like(c0))
+    results = {}
+    for implementation in ("kernels", "reference"):
+        model.config.implementation = implementation
+        model.zero_grad()
+        output = model(input_ids, attention_mask, initial_state=initial_state, return_state=True)
+        sum(layer.square().sum() for layer in output.hidden_states).backward()
+        results[implementation] = output, [p.grad.clone() for p in model.parameters()]
+    (kernels, kernels_grads), (reference, reference_grads) = results["kernels"], results["reference"]
+    for a, b in zip((*kernels.hidden_states, *kernels.final_state), (*reference.hidden_states, *reference.final_state),
+                    strict=True):
+        assert (a - b).abs().max() <= 1e-5
+    for a, b in zip(kernels_grads, reference_grads, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max())
+    assert reference.hidden_states[-1][-1].abs().max() == 0  # the empty row
+    assert kernels.hidden_states[-1][:-1].abs().sum() > 0
+
+
 def test_unique_rows_gives_each_distinct_word_once_and_where_each_row_went():
     from hf_elmo.kernels import unique_rows
 
@@ -141,18 +186,19 @@ def test_char_cnn_reads_words_in_groups_of_similar_length_without_changing_value
 
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).train()
-    cnn = model.char_cnn
+    cnn, weights = model.char_cnn, model.char_cnn.weights()
     words = ["x" * 60, "a", "bank", "of", "rivers", "bank", "y" * 9, "b", "the", "z" * 30]  # "x" * 60 fills all 50
     char_ids = ElmoCharTokenizer()([words], is_split_into_words=True, add_special_tokens=False,
                                    return_tensors="pt")["input_ids"][0]
-    used = [min(50, len(word) + 2 + cnn.widest_filter) for word in words]  # the word, its markers, one window
-    assert _used_positions(char_ids, cnn.widest_filter, cnn.padding_char_id).tolist() == used
+    used = [min(50, len(word) + 2 + weights.widest_filter) for word in words]  # the word, its markers, one window
+    assert _used_positions(char_ids, weights.widest_filter, weights.padding_char_id).tolist() == used
+    kernels = ElmoKernels(ElmoKernelOptions(char_cnn_chunk=chunk), char_ids, [len(char_ids)])
     calls = []
-    hook = cnn.char_embedding.register_forward_hook(lambda module, args, output: calls.append(args[0]))
-    trimmed = ElmoKernels(ElmoKernelOptions(char_cnn_chunk=chunk), char_ids).embed_words(cnn, char_ids)
-    hook.remove()
+    convolve = kernels._convolve
+    kernels._convolve = lambda weights, ids: calls.append(ids) or convolve(weights, ids)
+    trimmed = kernels.embed_words(weights, char_ids)
     # Each call reads up to its longest word; with chunks of 4, groups close at every longer word (chunk // 32 = 0).
-    assert all(call.shape[1] == int(_used_positions(call, cnn.widest_filter, cnn.padding_char_id).max())
+    assert all(call.shape[1] == int(_used_positions(call, weights.widest_filter, weights.padding_char_id).max())
                for call in calls)
     if chunk == 4:
         assert [call.shape for call in calls] == [(2, used[1]), (1, used[3]), (1, used[8]),  # a, b | of | the
@@ -161,7 +207,7 @@ def test_char_cnn_reads_words_in_groups_of_similar_length_without_changing_value
     else:
         assert [call.shape for call in calls] == [(len(words), 50)]
     (trimmed_grad,) = torch.autograd.grad(trimmed.square().sum(), cnn.char_embedding.weight)
-    full = cnn.project(cnn.convolve(char_ids))  # every position, in the words' order
+    full = cnn(char_ids[None], torch.ones(1, len(words), dtype=torch.bool))[0]  # the block's own forward
     (full_grad,) = torch.autograd.grad(full.square().sum(), cnn.char_embedding.weight)
     assert (trimmed - full).abs().max() <= 1e-6
     assert (trimmed_grad - full_grad).abs().max() <= 1e-6
@@ -170,7 +216,7 @@ def test_char_cnn_reads_words_in_groups_of_similar_length_without_changing_value
 def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(tokenizer):
     import platform
 
-    from hf_elmo.kernels import onednn_available
+    from hf_elmo.runtime import onednn_available
 
     if platform.machine() in ("x86_64", "AMD64"):
         assert onednn_available()  # the CPU build of torch has it
@@ -181,10 +227,10 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(toke
 
     def both_paths():
         with torch.no_grad():
-            model.kernel_options = ElmoKernelOptions(onednn=True)
+            model.config.kernel_options = dict(onednn=True)
             fast = model(**encoded).hidden_states
             packed_once = model(**encoded, inference_cache=cache).hidden_states
-            model.kernel_options = ElmoKernelOptions(onednn=False)
+            model.config.kernel_options = dict(onednn=False)
             plain = model(**encoded).hidden_states
         for a, b, c in zip(fast, plain, packed_once):
             assert (a - b).abs().max() <= 1e-5 and torch.equal(a, c)
@@ -212,7 +258,7 @@ def test_bf16_autocast_packs_the_lstm_and_highway_weights_once_in_bf16_and_stays
     recurrent and projection weights and the char CNN's highway and projection weights are packed once in bf16
     (autocast would cast them again at every call and step), whatever the float32 matmul choice, and the vectors
     stay within bf16 rounding of float32."""
-    from hf_elmo.kernels import onednn_available
+    from hf_elmo.runtime import onednn_available
 
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
@@ -224,7 +270,7 @@ def test_bf16_autocast_packs_the_lstm_and_highway_weights_once_in_bf16_and_stays
         with torch.autocast("cpu", dtype=torch.bfloat16):
             packed = model(**encoded, inference_cache=cache).hidden_states
             again = model(**encoded, inference_cache=cache).hidden_states
-            model.kernel_options = ElmoKernelOptions(onednn=not model.kernel_options.uses_onednn())
+            model.config.kernel_options = dict(onednn=not uses_onednn(model.config.kernels()))
             other_float32_choice = model(**encoded).hidden_states
     bf16_entries = [entry for (_, dtype), entry in cache._packed.items() if dtype == torch.bfloat16]
     # 3 weights of 2 LSTM layers, the 2 highway layers and the projection, packed once.
@@ -243,16 +289,16 @@ def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer)
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
     _, small_weights = run(model, tokenizer, SENTENCES[:1])
-    model.kernel_options = ElmoKernelOptions(onednn=True, single_row_bmm_max_weight=0)
+    model.config.kernel_options = dict(onednn=True, single_row_bmm_max_weight=0)
     _, forced_onednn = run(model, tokenizer, SENTENCES[:1])
     for a, b in zip(small_weights.hidden_states, forced_onednn.hidden_states):
         assert (a - b).abs().max() <= 1e-6
     assert small_weights.hidden_states[-1].abs().sum() > 0
     # With a cache such a call reads the step weights transposed to contiguous (2, K, N) copies, which the cache
     # keeps and remakes after changes; a batch of several rows packs them for oneDNN.
-    from hf_elmo.kernels import onednn_available
+    from hf_elmo.runtime import onednn_available
 
-    model.kernel_options = ElmoKernelOptions(onednn=True)
+    model.config.kernel_options = dict(onednn=True)
     cache = ElmoInferenceCache()
     one = tokenizer(SENTENCES[:1], is_split_into_words=True, return_tensors="pt")
     step_weights = [w for lstm in model.bilstm.layers for w in (lstm.recurrent_weight, lstm.projection_weight)]
@@ -292,7 +338,7 @@ def test_fused_lstm_computes_the_step_loop_for_unclipped_models(tokenizer):
     initial_state = (torch.randn_like(h0), torch.randn_like(c0))
     results = {}
     for mode in ("never", "always"):
-        model.kernel_options = ElmoKernelOptions(fused_lstm=mode)
+        model.config.kernel_options = dict(fused_lstm=mode)
         model.zero_grad()
         output = model(input_ids, attention_mask, initial_state=initial_state, return_state=True)
         output.last_hidden_state.square().sum().backward()
@@ -308,7 +354,7 @@ def test_fused_lstm_computes_the_step_loop_for_unclipped_models(tokenizer):
 def layers_and_gradient(model, encoded, options, weight) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """The model's layers for `encoded` under kernel `options`, and the gradient of `weight(model)` for the sum of
     their squares."""
-    model.kernel_options = options
+    model.config.kernel_options = asdict(options)
     model.zero_grad()
     layers = model(**encoded).hidden_states
     sum(layer.square().sum() for layer in layers).backward()
@@ -336,10 +382,12 @@ def test_fused_lstm_mode_defaults_to_exactness():
     torch.manual_seed(0)
     clipped, unclipped = ElmoModel(tiny_config()), ElmoModel(tiny_config(cell_clip=None, proj_clip=None))
     assert clipped.bilstm.clipped and not unclipped.bilstm.clipped
-    cpu, options = torch.zeros(1), ElmoKernelOptions()
-    assert not options.uses_fused_lstm(cpu, clipped=False) and not options.uses_fused_lstm(cpu, clipped=True)
-    assert options.uses_fused_lstm(torch.zeros(1, device="meta"), clipped=False) is False  # auto: CUDA only
-    assert ElmoKernelOptions(fused_lstm="always").uses_fused_lstm(cpu, clipped=True)
+    cpu, cuda, options = torch.device("cpu"), torch.device("cuda"), ElmoKernelOptions()
+    assert recurrence_for(options, cpu, clipped=False) == recurrence_for(options, cpu, clipped=True) == "steps"
+    assert recurrence_for(options, torch.device("meta"), clipped=False) == "steps"  # auto: CUDA only
+    assert recurrence_for(options, cuda, clipped=False) == "fused" and recurrence_for(options, cuda, True) == "steps"
+    assert recurrence_for(ElmoKernelOptions(fused_lstm="always"), cpu, clipped=True) == "fused"
+    assert recurrence_for(ElmoKernelOptions(fused_lstm="never"), cuda, clipped=False) == "steps"
 
 
 @pytest.mark.cuda
@@ -351,7 +399,7 @@ def test_cudnn_lstm_on_gpu_matches_the_cpu_step_loop(monkeypatch, tokenizer):
     model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
     _, cpu = run(model, tokenizer, SENTENCES)
     model.cuda()
-    assert model.kernel_options.uses_fused_lstm(torch.zeros(1, device="cuda"), model.bilstm.clipped)
+    assert recurrence_for(model.config.kernels(), torch.device("cuda"), model.bilstm.clipped) == "fused"
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt").to("cuda")
     with torch.no_grad():
         gpu = model(**encoded)
@@ -392,14 +440,15 @@ def test_the_char_cnn_on_every_position_gives_the_distinct_words_values_and_grad
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
     options = {distinct: ElmoKernelOptions(distinct_words=distinct) for distinct in (True, False)}
     for distinct, chosen in options.items():
-        assert ElmoKernels(chosen, encoded["input_ids"]).every_position is not distinct
+        assert ElmoKernels(chosen, encoded["input_ids"], [1] * 4).every_position is not distinct
     (layers, grad), (every_layers, every_grad) = (
         layers_and_gradient(model, encoded, options[distinct], lambda m: m.char_cnn.convs[2].weight)
         for distinct in (True, False))
     for a, b in zip(layers, every_layers):
         assert (a - b).abs().max() <= 1e-6
     assert (grad - every_grad).abs().max() <= 1e-5 * grad.abs().max()
-    assert ElmoKernelOptions().uses_distinct_words(torch.zeros(1))  # auto: distinct words on a CPU
+    assert uses_distinct_words(ElmoKernelOptions(), torch.device("cpu"))  # auto: distinct words on a CPU
+    assert not uses_distinct_words(ElmoKernelOptions(), torch.device("cuda"))
     with pytest.raises(ValueError, match="distinct_words must be True, False or 'auto'"):
         ElmoKernelOptions(distinct_words="gpu")
 
@@ -415,15 +464,16 @@ def test_the_cache_keeps_weights_cast_for_gpu_autocast_and_fused_lstms_in_that_d
     assert cast.dtype == torch.bfloat16 and cast.shape == layer.recurrent_weight.mT.shape and cast.is_contiguous()
     assert cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True) is cast  # made once
     assert torch.equal(cast, layer.recurrent_weight.detach().mT.to(torch.bfloat16))
-    lstms = cache.fused_lstms(layer, torch.bfloat16)
+    weights = layer.weights()  # a record made per call: the cache follows the parameters, not the record
+    lstms = cache.fused_lstms(weights, torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for lstm in lstms for p in lstm.parameters())
-    assert cache.fused_lstms(layer, torch.bfloat16) is lstms and cache.fused_lstms(layer) is not lstms
+    assert cache.fused_lstms(layer.weights(), torch.bfloat16) is lstms and cache.fused_lstms(weights) is not lstms
     with torch.no_grad():
         layer.recurrent_weight.mul_(2.0)
     assert not torch.equal(cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True), cast)
-    assert cache.fused_lstms(layer, torch.bfloat16) is not lstms
+    assert cache.fused_lstms(layer.weights(), torch.bfloat16) is not lstms
     inputs = torch.randn(5, 3, layer.input_weight.shape[-1])
-    for got, expected in zip(cache.fused_lstms(layer, torch.bfloat16), cache.fused_lstms(layer)):
+    for got, expected in zip(cache.fused_lstms(layer.weights(), torch.bfloat16), cache.fused_lstms(layer.weights())):
         reference, _ = expected(inputs)
         output, _ = got(inputs.to(torch.bfloat16))
         assert (output.float() - reference).abs().max() <= 0.05 * reference.abs().max()

@@ -1,11 +1,12 @@
 """ElmoModel behaviour: determinism, padding, explicit state, validation, gradients, presets, save/load."""
 
 import json
+from unittest.mock import patch
 
 import numpy as np
 import pytest
 import torch
-from elmo_fixtures import tiny_config
+from elmo_fixtures import SENTENCES, run, tiny_config
 from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoTokenizer
 
 from hf_elmo import (
@@ -14,34 +15,10 @@ from hf_elmo import (
     ElmoConfig,
     ElmoForBidirectionalLM,
     ElmoInferenceCache,
-    ElmoKernelOptions,
     ElmoModel,
     ElmoWithScalarMixes,
 )
-
-SENTENCES = [
-    ["The", "bank", "raised", "rates", "."],
-    ["We", "sat", "on", "the", "river", "bank"],
-    ["Hi"],
-    "A much longer sentence that goes on and on with many words in it , doesn't it ?".split(),
-]
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return ElmoModel(tiny_config()).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return ElmoCharTokenizer()
-
-
-def run(model, tokenizer, sentences, **kwargs):
-    encoded = tokenizer(sentences, is_split_into_words=True, padding=True, return_tensors="pt", **kwargs)
-    with torch.no_grad():
-        return encoded, model(**encoded, return_state=True)
+from hf_elmo.kernels import ElmoKernels
 
 
 def test_output_shapes(model, tokenizer):
@@ -279,6 +256,12 @@ def test_save_and_load_round_trip(tmp_path, model, tokenizer):
     _, actual = run(loaded, loaded_tokenizer, SENTENCES)
     for a, b in zip(expected.hidden_states, actual.hidden_states):
         assert torch.equal(a, b)
+    # The implementation is chosen when loading, as transformers' attn_implementation: the same vectors.
+    reference = AutoModel.from_pretrained(tmp_path, implementation="reference").eval()
+    assert reference.config.implementation == "reference" and loaded.config.implementation == "kernels"
+    _, through_blocks = run(reference, loaded_tokenizer, SENTENCES)
+    for a, b in zip(expected.hidden_states, through_blocks.hidden_states):
+        assert (a - b).abs().max() <= 1e-5
 
 
 def test_bidirectional_lm_loss_and_loading(tmp_path, tokenizer):
@@ -344,28 +327,6 @@ def test_modules_hold_no_inference_state(tokenizer):
         assert not changed, (name, changed)
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
-def test_char_cnn_is_the_papers_convolution_max_pool_and_activation(activation):
-    """The char CNN (one matmul per filter width, the bias added after the max-pool) against `nn.Conv1d` with its
-    bias, max over positions, activation: the same values and gradients, the bias's included."""
-    torch.manual_seed(0)
-    model = ElmoModel(tiny_config(activation=activation, n_highway=0)).train()
-    cnn = model.char_cnn
-    for conv in cnn.convs:
-        torch.nn.init.normal_(conv.bias)  # bilm-tf initialises it to zero: make it matter
-    char_ids = ElmoCharTokenizer()([["a", "bank", "x" * 60, "Übung"]], is_split_into_words=True,
-                                   add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-    chars = cnn.char_embedding(char_ids).transpose(1, 2)  # (words, char_dim, chars)
-    act = torch.tanh if activation == "tanh" else torch.relu
-    reference = cnn.projection(torch.cat([act(conv(chars).amax(dim=-1)) for conv in cnn.convs], dim=-1))
-    output = cnn.project(cnn.convolve(char_ids))
-    torch.testing.assert_close(output, reference, rtol=0, atol=1e-6)
-    weights = [cnn.char_embedding.weight, *(p for conv in cnn.convs for p in (conv.weight, conv.bias))]
-    for got, expected in zip(torch.autograd.grad(output.square().sum(), weights),
-                             torch.autograd.grad(reference.square().sum(), weights), strict=True):
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
-
-
 class _OpsCalled(torch.utils._python_dispatch.TorchDispatchMode):
     """Records the ATen / extension ops run under it."""
 
@@ -380,11 +341,11 @@ class _OpsCalled(torch.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.slow
 def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_keeps_its_fast_path(tokenizer):
-    from hf_elmo.kernels import onednn_available
+    from hf_elmo.runtime import onednn_available
 
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
-    model.kernel_options = ElmoKernelOptions(onednn=True)  # the path eager calls must keep (MKL on Intel by default)
+    model.config.kernel_options = {"onednn": True}  # the path eager calls must keep (MKL on Intel by default)
     first = tokenizer([SENTENCES[0], ["Hi"], ["a", "b"]], is_split_into_words=True, padding=True, return_tensors="pt")
     other = tokenizer([["x"] * 5, SENTENCES[1][:3]], is_split_into_words=True, padding=True, return_tensors="pt")
     batch = torch.export.Dim("batch", min=1)
@@ -401,10 +362,14 @@ def test_torch_export_with_a_dynamic_batch_gives_the_eager_vectors_and_eager_kee
             assert layer.shape == reference.shape and (layer - reference).abs().max() <= 1e-5
     # Eager calls still take the oneDNN linear path (and the char CNN's distinct-word path) after the export.
     words = []  # rows of character ids through the char CNN
-    hook = model.char_cnn.char_embedding.register_forward_hook(lambda module, args, output: words.append(len(args[0])))
-    with _OpsCalled() as called, torch.no_grad():
+    embed_words = ElmoKernels.embed_words
+
+    def counted(self, weights, ids):
+        words.append(len(ids))
+        return embed_words(self, weights, ids)
+
+    with _OpsCalled() as called, torch.no_grad(), patch.object(ElmoKernels, "embed_words", counted):
         model(**first)
-    hook.remove()
     distinct = {tuple(word) for word in first["input_ids"][first["attention_mask"].bool()].tolist()}
     assert sum(words) == len(distinct) < first["attention_mask"].numel()
     if onednn_available():

@@ -25,7 +25,7 @@ import torch
 
 from hf_elmo import ElmoModel, model_location
 from hf_elmo.embed import ElmoEmbedder
-from hf_elmo.kernels import cpu_name
+from hf_elmo.runtime import cpu_name
 from spacy_elmo.corpora import conll_sentences
 
 CONLL = Path(__file__).resolve().parents[3] / "shared" / "data" / "conll2003" / "iob2"

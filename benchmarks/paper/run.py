@@ -33,7 +33,7 @@ from spacy.cli.train import train as spacy_train
 from spacy.tokens import Doc
 from spacy.vocab import Vocab
 
-from hf_elmo.kernels import cpu_name
+from hf_elmo.runtime import cpu_name
 from spacy_elmo.cli import elmo_mixes, make_config
 from spacy_elmo.corpora import read_conll2003, read_sst2, read_sst5, write_docbin
 from spacy_elmo.mix_weights import format_mix_weights, mix_weights, plot_mix_weights

@@ -38,7 +38,9 @@ from .. import loading
 from ..cards import CardMetadata, write_model_card
 from ..configuration_elmo import ElmoConfig
 from ..hub import push_directory
+from ..kernels import recurrence_for
 from ..modeling_elmo import ElmoForBidirectionalLM
+from ..runtime import set_threads
 from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer
 from .card import describe_files, training_source
@@ -114,7 +116,9 @@ class PretrainArguments:
                                         "or with --cpu on CPUs with AMX / AVX512-BF16); default: Accelerate's config "
                                         "or launch flag."})
     cpu: bool = field(default=False, metadata={"help": "Train on the CPU even if a GPU is available."})
-    threads: int | None = field(default=None, metadata={"help": "CPU threads per process."})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads per process [default: OMP_NUM_THREADS, "
+                                                         "else the cores this process may use that no other "
+                                                         "process is busy on]."})
     # Output
     output_dir: str | None = field(default=None, metadata={"help": "Where the model, checkpoints and logs go."})
     logging_steps: int = field(default=100, metadata={"help": "Log training loss, perplexity and tokens/s."})
@@ -271,8 +275,7 @@ class Pretraining:
             project_dir=args.output_dir,
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=softmax_only_steps > 0)],
         )
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        set_threads(args.threads)
         set_seed(args.seed)
         self.output_dir, self.checkpoint_dir = Path(args.output_dir), Path(args.output_dir) / "checkpoints"
         if accelerator.is_main_process:
@@ -335,7 +338,7 @@ class Pretraining:
             "elmo-pretrain", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
         )
         elmo = lm.elmo
-        fused = elmo.kernel_options.uses_fused_lstm(torch.empty(0, device=accelerator.device), elmo.bilstm.clipped)
+        fused = recurrence_for(elmo.config.kernels(), accelerator.device, elmo.bilstm.clipped) == "fused"
         recurrence = "cuDNN's LSTM" if fused else "the step loop" + (
             " (cells or projections clipped: cuDNN's LSTM does not clip)" if accelerator.device.type == "cuda" else "")
         logger.info(f"{sum(p.numel() for p in lm.parameters()):,} parameters, vocabulary {len(self.vocabulary):,}, "
