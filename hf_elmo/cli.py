@@ -1,14 +1,13 @@
 """The `elmo` command line: `convert`, `export-hdf5`, `info`, `embed`, `demo`, and for training `build-vocab`,
 `pretrain`, `evaluate` and `export-encoder`.
 
-Thin wrappers around `hf_elmo.convert`, `hf_elmo.embed` and `hf_elmo.training`; expected failures (missing files,
-bad options) end with a one-line `Error: ...` on stderr and exit code 1 (2 for usage errors), never a traceback.
+Thin wrappers around `hf_elmo.original_format`, `hf_elmo.embed` and `hf_elmo.training`; expected failures (missing
+files, bad options) end with a one-line `Error: ...` on stderr and exit code 1 (2 for usage errors), never a traceback.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,21 +22,20 @@ import typer
 from transformers.utils import logging as hf_logging
 from typer.core import TyperCommand
 
-from . import DEFAULT_MODEL_NAME, hub, loading
-from . import convert as legacy
+from . import DEFAULT_MODEL_NAME, hub, loading, original_format
 from .configuration_elmo import ElmoConfig
 from .embed import (
+    LAYER_MODES,
     ElmoEmbedder,
     EmbedSettingError,
     EmbedSettings,
-    bound_onednn_caches,
     check_output,
     embed_file,
     embed_file_in_parts,
 )
 from .extras import install_command
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
-from .runtime import OutOfDeviceMemoryError
+from .runtime import OutOfDeviceMemoryError, bound_onednn_caches, set_threads
 from .text import expand_files, get_word_tokenizer
 
 
@@ -79,11 +77,8 @@ MODEL_HELP = ("`default` (the English model shipped with the package), a publish
               "directory or a Hub model id.")
 
 
-class LayerMode(str, Enum):
-    all = "all"
-    top = "top"
-    average = "average"
-    mix = "mix"
+# `--layers`: the embedder's layer modes.
+LayerMode = Enum("LayerMode", {mode: mode for mode in LAYER_MODES}, type=str)
 
 
 def _print_version(value: bool) -> None:
@@ -101,52 +96,6 @@ def main(
 ) -> None:
     """ELMo biLMs for Hugging Face transformers: convert original weights, inspect models, embed text, train."""
     hf_logging.disable_progress_bar()  # loading bars of transformers would clutter the output
-
-
-# Where Linux tells how many tasks run now, and the cgroup's CPU quota (v2, then v1).
-PROC_LOADAVG = Path("/proc/loadavg")
-CGROUP = Path("/sys/fs/cgroup")
-
-
-def default_threads() -> int:
-    """CPU threads for torch unless `--threads` (or OMP_NUM_THREADS) says: the cores this process may use (its CPU
-    affinity, its cgroup's CPU quota, at most torch's own default) that no other process is running on now, at least
-    1. More threads than free cores make torch's OpenMP threads spin waiting for each other: beside two busy
-    processes on a 2-core Xeon, one 5,000-word line took 159 s with 2 threads and 18 s with 1 (idle: 10 s, 13 s)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    usable = min(usable, torch.get_num_threads())
-    quota = _cgroup_cpu_quota()
-    if quota is not None:
-        usable = min(usable, max(1, math.ceil(quota)))
-    try:  # the fourth field: tasks running now / all tasks; this process is one of them
-        running = int(PROC_LOADAVG.read_text().split()[3].split("/")[0])
-    except (OSError, IndexError, ValueError):
-        running = 1
-    return max(1, usable - max(0, running - 1))
-
-
-def _cgroup_cpu_quota() -> float | None:
-    """The CPUs this process's cgroup may use (v2 `cpu.max`, v1 `cpu.cfs_quota_us`); None without a quota."""
-    try:
-        quota, period = (CGROUP / "cpu.max").read_text().split()[:2]
-    except (OSError, ValueError):
-        try:
-            quota = (CGROUP / "cpu" / "cpu.cfs_quota_us").read_text().strip()
-            period = (CGROUP / "cpu" / "cpu.cfs_period_us").read_text().strip()
-        except OSError:
-            return None
-    try:
-        return None if quota in ("max", "-1") else int(quota) / int(period)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def _set_threads(threads: int | None) -> None:
-    """`--threads`, else OMP_NUM_THREADS when set, else `default_threads()`."""
-    if threads is not None:
-        torch.set_num_threads(threads)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(default_threads())
 
 
 def _names_a_model(argument: str) -> bool:
@@ -218,7 +167,7 @@ def convert(
     (config, model.safetensors, tokenizer, modeling code, model card). Prints the directory, and the commit's URL
     with --push-to-hub."""
     try:
-        output = legacy.convert(options_json, weights_hdf5, out_dir, progress=True, repo_id=push_to_hub)
+        output = original_format.convert(options_json, weights_hdf5, out_dir, progress=True, repo_id=push_to_hub)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     typer.echo(output)
@@ -240,7 +189,8 @@ def export_hdf5(
     bilm-tf and AllenNLP). Prints both paths."""
     model = _load_model(model_dir, _load_config(model_dir))
     try:
-        paths = legacy.export_hdf5(model.elmo if isinstance(model, ElmoForBidirectionalLM) else model, out_prefix)
+        encoder = model.elmo if isinstance(model, ElmoForBidirectionalLM) else model
+        paths = original_format.export_hdf5(encoder, out_prefix)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     for path in paths:
@@ -305,7 +255,7 @@ EMBED_FLAGS = {
     "layers": "--layers", "scalar_parameters": "--weights", "gamma": "--gamma", "batch_tokens": "--batch-tokens",
     "buffer_tokens": "--buffer-tokens", "batch_size": "--batch-size", "max_sentence_words": "--max-sentence-words",
     "device": "--device", "cuda_device": "--cuda-device", "device/cuda_device": "--device/--cuda-device",
-    "bf16": "--bf16", "output": "OUTPUT",
+    "bf16": "--bf16", "output": "OUTPUT", "options_file/weight_file": "--options-file/--weight-file",
     "sentence_keys": "--use-sentence-keys",
 }
 
@@ -431,14 +381,12 @@ def embed(
     OUTPUT (a filesystem all processes see), and process 0 joins them into OUTPUT: the same file, keys and order
     as one process gives. INPUT must be a file. `--device cuda` uses each process's local GPU.
     """
-    legacy_weights = options_file is not None or weight_file is not None
-    if len(arguments) not in (2, 3) or (legacy_weights and len(arguments) == 3):
+    original_weights = options_file is not None or weight_file is not None
+    if len(arguments) not in (2, 3) or (original_weights and len(arguments) == 3):
         raise typer.BadParameter(
             "expected [MODEL] INPUT OUTPUT (INPUT OUTPUT with --options-file/--weight-file)",
             param_hint="[MODEL] INPUT OUTPUT",
         )
-    if legacy_weights and (options_file is None or weight_file is None):
-        raise typer.BadParameter("give both", param_hint="--options-file/--weight-file")
     model = arguments[0] if len(arguments) == 3 else DEFAULT_MODEL_NAME
     # A str, not a Path with allow_dash: typer 0.29 compares Path("-") with "-" and rejects stdin.
     input_file, output_file = arguments[-2], Path(arguments[-1])
@@ -460,8 +408,8 @@ def embed(
         raise typer.BadParameter("choose one of them", param_hint="--layers/--all/--top/--average")
     with _setting_errors():
         check_output(output_file, use_sentence_keys)
-        if legacy_weights:
-            legacy.require_h5py("--options-file/--weight-file")
+        if original_weights:
+            original_format.require_h5py("--options-file/--weight-file")
         settings = EmbedSettings(
             layers=(chosen.pop() if chosen else LayerMode.all).value,
             scalar_parameters=_parse_weights(weights) if weights is not None else None,
@@ -472,21 +420,22 @@ def embed(
             max_sentence_words=max_sentence_words,
             device=EmbedSettings.device_of(device, cuda_device) or torch.device("cpu"),
             bf16=bf16,
+            options_file=options_file,
+            weight_file=weight_file,
         )
         # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         if world_size > 1 and settings.device.type == "cuda" and settings.device.index is None:
             settings = replace(settings, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
-        if not legacy_weights:
+        if not original_weights:
             settings.check_model(_load_config(model))
-    _set_threads(threads)
+    set_threads(threads)
     bound_onednn_caches()
     try:
-        embedder = ElmoEmbedder(model if not legacy_weights else DEFAULT_MODEL_NAME, options_file=options_file,
-                                weight_file=weight_file, settings=settings)
-    except (ValueError, ImportError) as error:  # ModelLoadError, LegacyWeightsError, h5py missing
+        embedder = ElmoEmbedder(model, settings=settings)
+    except (ValueError, ImportError) as error:  # ModelLoadError, OriginalFormatError, h5py missing
         _fail(str(error))
-    output = dict(tokenized=legacy_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
+    output = dict(tokenized=original_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
                   sentence_index=not forget_sentences, sentence_keys=use_sentence_keys)
     try:
         if world_size > 1:
@@ -594,7 +543,7 @@ def evaluate(
     or `<S>` (backward) per line, counted in `tokens`. The average is exp(mean of the two cross-entropies).
     Empty lines are skipped; targets outside the model's `vocab.txt` are `<UNK>`."""
     training = _training()
-    _set_threads(threads)
+    set_threads(threads)
     try:
         metrics = training.evaluate_model(
             _model_location(model), files, word_tokenizer=word_tokenizer, batch_tokens=batch_tokens,

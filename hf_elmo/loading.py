@@ -212,9 +212,9 @@ def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLik
     if any(str(path).startswith(("http://", "https://")) for path in (options_file, weight_file)):
         raise ModelLoadError(f"{options_file} and {weight_file} are not a published model's URLs "
                              f"({', '.join(PUBLISHED_MODELS)}): download them and give the files")
-    from .convert import load_legacy
+    from .original_format import model_from_original
 
-    return load_legacy(options_file, weight_file)
+    return model_from_original(options_file, weight_file)
 
 
 def load_tokenizer(name: str | os.PathLike, revision: str | None = None) -> ElmoCharTokenizer:

@@ -101,7 +101,7 @@ def published_model(name: str, progress: bool = True) -> str:
     if is_offline_mode():
         raise PublishedModelError(f"the published model {name!r} is not in the cache ({converted}) and the Hub is "
                                   f"offline (HF_HUB_OFFLINE=1): use it once online, {by_hand}")
-    from .convert import require_h5py
+    from .original_format import require_h5py
 
     try:
         require_h5py(f"the published model {name!r} is converted from its .hdf5 weights, which")
@@ -193,7 +193,7 @@ def _remote_size(url: str) -> int | None:
 def _convert(name: str, model: PublishedModel, options: Path, weights: Path, converted: Path, progress: bool) -> None:
     """`elmo convert` into a temporary directory renamed to `converted` once complete; an unreadable download is
     removed (the next use downloads it again)."""
-    from .convert import convert
+    from .original_format import convert
 
     staging = converted.with_name(converted.name + ".incomplete")
     shutil.rmtree(staging, ignore_errors=True)

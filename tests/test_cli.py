@@ -1,8 +1,5 @@
 """Tests of the `elmo` command line (in-process with typer's CliRunner, and real subprocesses)."""
 
-# The fixtures imported from test_embed.py are redefined as test arguments by design.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import json
@@ -15,15 +12,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_embed import (  # noqa: F401 (fixtures shared with test_embed.py; pytest finds them by name)
-    FIXTURES,
-    TINY_CONFIG,
-    allennlp_model_dir,
-    direct_layers,
-    one_torch_thread,
-    tiny_model,
-    tiny_model_dir,
-)
+from elmo_fixtures import ALLENNLP as FIXTURES
+from elmo_fixtures import TINY_CONFIG, direct_layers
 from typer.testing import CliRunner
 
 from hf_elmo import ElmoConfig, ElmoForBidirectionalLM, ElmoModel, split_words
@@ -31,6 +21,7 @@ from hf_elmo.cli import app, parameter_counts
 
 # Wide enough that rich never wraps an error message (a temporary path) inside its panel.
 runner = CliRunner(env={"COLUMNS": "1000"})
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run(*args: object):
@@ -92,7 +83,7 @@ def test_convert_writes_a_loadable_directory(tmp_path):
         ("vocab_test.txt", "lm_weights.hdf5", "not valid JSON"),
     ],
 )
-def test_convert_reports_legacy_weight_errors_without_traceback(tmp_path, options, weights, message):
+def test_convert_reports_original_format_errors_without_traceback(tmp_path, options, weights, message):
     result = run("convert", FIXTURES / options, FIXTURES / weights, tmp_path / "model")
     assert_clean_failure(result, message, exit_code=1)
     assert result.stderr.startswith("Error: ")
@@ -212,15 +203,15 @@ def test_embed_takes_allennlp_elmos_arguments(allennlp_model_dir, tmp_path):
     source = tmp_path / "in.txt"
     source.write_text("The bank , here .\nHe sat .\n", encoding="utf-8")
     model = ElmoModel.from_pretrained(allennlp_model_dir).eval()
-    legacy = ("--options-file", FIXTURES / "options.json", "--weight-file", FIXTURES / "lm_weights.hdf5")
-    result = run("embed", source, tmp_path / "top.hdf5", "--top", *legacy, "--batch-size", 1, "--cuda-device", -1,
+    original = ("--options-file", FIXTURES / "options.json", "--weight-file", FIXTURES / "lm_weights.hdf5")
+    result = run("embed", source, tmp_path / "top.hdf5", "--top", *original, "--batch-size", 1, "--cuda-device", -1,
                  "--use-sentence-keys", "-q")
     assert result.exit_code == 0, result.output
     with h5py.File(tmp_path / "top.hdf5") as output:
         assert sorted(output) == ["He sat .", "The bank , here ."]
         for line in ("He sat .", "The bank , here ."):
             np.testing.assert_allclose(output[line][()], direct_layers(model, line.split())[-1], atol=1e-5, rtol=0)
-    result = run("embed", source, tmp_path / "average.npy", "--average", *legacy, "-q")
+    result = run("embed", source, tmp_path / "average.npy", "--average", *original, "-q")
     assert result.exit_code == 0, result.output
     assert [len(vectors) for vectors in read_npy_output(tmp_path / "average.npy")] == [5, 3]
 
@@ -238,7 +229,7 @@ def test_embed_without_a_model_uses_the_default_one(tmp_path):
     [
         (("--all", "--top"), "choose one of them"),
         (("--layers", "top", "--average"), "choose one of them"),
-        (("--options-file", "x.json"), "give both"),
+        (("--options-file", "x.json"), "--options-file/--weight-file: give both"),
         (("--device", "cpu", "--cuda-device", "-1"), "--device/--cuda-device: give one of them, not both"),
         (("--use-sentence-keys",), "sentence keys name the datasets of an .hdf5 file"),
     ],
@@ -440,32 +431,10 @@ def test_an_output_over_the_file_size_limit_fails_in_one_line_and_leaves_nothing
         assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
 
 
-def test_default_threads_are_the_free_cores_this_process_may_use(tmp_path, monkeypatch):
-    """More torch threads than free cores collapse under load (OpenMP threads spin waiting for a descheduled one)."""
-    from hf_elmo import cli
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
-    loadavg = tmp_path / "loadavg"
-    monkeypatch.setattr(cli, "PROC_LOADAVG", loadavg)
-    monkeypatch.setattr(cli, "CGROUP", tmp_path / "cgroup")
-    for running, expected in (("1/300", 8), ("3/300", 6), ("12/300", 1)):  # this process is one of the running
-        loadavg.write_text(f"0.5 0.4 0.3 {running} 4242\n")
-        assert cli.default_threads() == expected
-    loadavg.write_text("0.5 0.4 0.3 1/300 4242\n")
-    (tmp_path / "cgroup").mkdir()
-    (tmp_path / "cgroup" / "cpu.max").write_text("250000 100000\n")  # a quota of 2.5 CPUs
-    assert cli.default_threads() == 3
-    (tmp_path / "cgroup" / "cpu.max").write_text("max 100000\n")
-    assert cli.default_threads() == 8
-    monkeypatch.setattr(cli, "PROC_LOADAVG", tmp_path / "missing")  # not Linux: the usable cores
-    assert cli.default_threads() == 8
-
-
 def test_embed_sets_the_default_threads_unless_told(tiny_model_dir, tmp_path, monkeypatch):
-    from hf_elmo import cli
+    from hf_elmo import runtime
 
-    monkeypatch.setattr(cli, "default_threads", lambda: 1)
+    monkeypatch.setattr(runtime, "default_threads", lambda: 1)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     (tmp_path / "in.txt").write_text("a b\n")
     torch.set_num_threads(2)

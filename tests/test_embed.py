@@ -1,7 +1,5 @@
-"""Tests of `hf_elmo.embed`: batching, input decoding, writers and `embed_file`.
-
-The fixtures `tiny_model_dir` and `allennlp_model_dir` are shared with test_cli.py (imported there).
-"""
+"""Tests of `hf_elmo.embed`: settings, the embedder, input decoding, writers, `embed_file` and several processes
+(the fixtures `tiny_model_dir`, `tiny_model` and `allennlp_model_dir` are conftest's)."""
 
 from __future__ import annotations
 
@@ -15,54 +13,14 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from elmo_fixtures import ALLENNLP, require
+from elmo_fixtures import ALLENNLP, TINY_CONFIG, direct_layers
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, split_words
-from hf_elmo.convert import convert
+from hf_elmo import ElmoConfig, ElmoModel, split_words
 from hf_elmo.embed import ElmoEmbedder, embed_file, embed_file_in_parts, open_writer
 from hf_elmo.text import length_batches, read_lines
 
 FIXTURES = ALLENNLP
-TINY_CONFIG = dict(char_embedding_dim=4, filters=[[1, 4], [2, 8], [3, 16]], n_highway=1, lstm_dim=32, projection_dim=8)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The tiny models run much faster on one thread (per-step overhead dominates); restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A small random biLM (3 output layers of width 16) with its tokenizer, saved with save_pretrained."""
-    path = tmp_path_factory.mktemp("tiny-elmo")
-    torch.manual_seed(0)
-    ElmoModel(ElmoConfig(**TINY_CONFIG)).save_pretrained(path)
-    ElmoCharTokenizer().save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="session")
-def allennlp_model_dir(tmp_path_factory) -> Path:
-    """The tiny real model of AllenNLP's test fixtures, converted."""
-    options, weights = require(FIXTURES / "options.json"), require(FIXTURES / "lm_weights.hdf5")
-    return convert(options, weights, tmp_path_factory.mktemp("allennlp-elmo"))
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny_model_dir) -> ElmoModel:
-    return ElmoModel.from_pretrained(tiny_model_dir).eval()
-
-
-def direct_layers(model: ElmoModel, words: list[str]) -> np.ndarray:
-    """(layers, words, width): the model called on one sentence, `<S>`/`</S>` cut off."""
-    encoded = ElmoCharTokenizer()([words], is_split_into_words=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden_states = model(**encoded).hidden_states
-    return torch.stack(hidden_states)[:, 0, 1:-1].numpy()
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # Sentences covering the defined edge cases: empty, a 10k-character word, control characters, emoji, CJK,
@@ -78,19 +36,6 @@ EDGE_SENTENCES = [
     [f"w{i}" for i in range(40)],
     ["a"],
 ]
-
-
-def test_length_batches_cover_every_sentence_once_within_the_budget():
-    lengths = [5, 0, 17, 3, 3, 9, 40, 1, 2, 8]
-    batches = length_batches(lengths, batch_tokens=24)
-    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
-    for batch in batches:
-        width = max(lengths[i] for i in batch) + 2
-        assert len(batch) == 1 or len(batch) * width <= 24
-    # Longest first, so the padding inside a batch is small.
-    flat = [lengths[i] for batch in batches for i in batch]
-    assert flat == sorted(lengths, reverse=True)
-    assert [6] in batches  # the 40-word sentence exceeds the budget: a batch of its own
 
 
 def test_embedding_equals_the_model_called_directly_on_the_allennlp_model(allennlp_model_dir):
@@ -345,9 +290,9 @@ def test_embedder_takes_the_original_weights_as_allennlp_does(allennlp_model_dir
                                                                               cuda_device=-1)):
         assert embedder.device == torch.device("cpu")
         np.testing.assert_allclose(embedder.embed_sentence(words), direct_layers(converted, words), atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="options_file and weight_file go together"):
+    with pytest.raises(ValueError, match="options_file/weight_file: give both"):
         ElmoEmbedder(options_file=options)
-    with pytest.raises(ValueError, match="either a model or options_file and weight_file"):
+    with pytest.raises(ValueError, match="options_file/weight_file: give either a model or the original weights"):
         ElmoEmbedder(converted, options_file=options, weight_file=weights)
     with pytest.raises(ValueError, match="device/cuda_device: give one of them, not both"):
         ElmoEmbedder(converted, device="cpu", cuda_device=-1)
@@ -396,8 +341,10 @@ def test_embed_file_method_with_allennlps_arguments(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="cannot name an HDF5 dataset"):
         embedder.embed_file(io.StringIO("and/or\n"), tmp_path / "bad.hdf5", use_sentence_keys=True, progress=False)
     assert not (tmp_path / "bad.hdf5").exists()
-    with pytest.raises(ValueError, match="output_format must be all, top or average"):
-        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", output_format="mix", progress=False)
+    with pytest.raises(ValueError, match="layers: must be one of all, top, average, mix, got 'middle'"):
+        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", output_format="middle", progress=False)
+    with pytest.raises(ValueError, match="batch_size: must be an integer >= 1, got 0"):
+        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", batch_size=0, progress=False)
     with pytest.raises(ValueError, match="sentence keys name the datasets of an .hdf5 file"):
         embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.npy", use_sentence_keys=True, progress=False)
 
@@ -484,7 +431,7 @@ def test_bf16_is_opt_in_close_to_float32_and_gives_float32(tiny_model):
     rounding only (not exact: the default stays float32)."""
     import warnings
 
-    from hf_elmo.kernels import native_bf16_cpu
+    from hf_elmo.runtime import native_bf16_cpu
 
     sentences = [["The", "bank", "of", "the", "river", "."], ["Hi"], [f"w{i}" for i in range(40)]]
     exact, low = ElmoEmbedder(tiny_model), ElmoEmbedder(tiny_model, bf16=True)
@@ -524,7 +471,7 @@ def test_embed_settings_are_checked_once_and_name_the_setting_at_fault(tiny_mode
 
 
 def test_the_progress_bar_advances_within_a_long_line_and_ends_at_the_file_size(tiny_model_dir, tmp_path, monkeypatch):
-    import hf_elmo.embed as embed_module
+    import hf_elmo.embed.files as embed_module
 
     updates: list[int] = []
 

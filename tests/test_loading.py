@@ -1,9 +1,6 @@
 """`hf_elmo.loading`: one check of a model name for the CLI, the Python API and spaCy; every bad name, directory or
 file fails with the same one-line message (what is wrong, which file, what to do), before any download."""
 
-# The fixture imported from test_embed.py is redefined as test arguments by design.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import json
@@ -14,7 +11,7 @@ from pathlib import Path
 import pytest
 import spacy
 import torch
-from test_embed import TINY_CONFIG, tiny_model_dir  # noqa: F401 (a fixture, found by name)
+from elmo_fixtures import TINY_CONFIG
 from typer.testing import CliRunner
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, ModelLoadError, load_model

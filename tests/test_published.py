@@ -23,8 +23,8 @@ from transformers import AutoModel
 
 import hf_elmo.published as published
 from hf_elmo import ModelLoadError, load_model, model_location
-from hf_elmo.convert import convert
 from hf_elmo.embed import ElmoEmbedder
+from hf_elmo.original_format import convert
 
 NAME = "small"
 MODEL = published.PUBLISHED_MODELS[NAME]

@@ -5,8 +5,8 @@ import torch
 from elmo_fixtures import ALLENNLP, require, tiny_config
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel, ElmoScalarMix, ElmoWithScalarMixes, remove_sentence_boundaries
-from hf_elmo.convert import load_legacy
 from hf_elmo.modeling_elmo import scalar_mix
+from hf_elmo.original_format import model_from_original
 
 
 def layers_and_mask():
@@ -81,7 +81,7 @@ def test_remove_sentence_boundaries():
 
 def test_representations_shapes_like_allennlp():
     """AllenNLP's Elmo shape test: 2 representations (2, 7, 32) and mask (2, 7); (2, 9, ...) with boundaries."""
-    model = load_legacy(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"))
+    model = model_from_original(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"))
     sentences = [["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]]
     encoded = ElmoCharTokenizer()(sentences, is_split_into_words=True, padding=True, return_tensors="pt")
     output = ElmoWithScalarMixes(model, num_output_representations=2, dropout=0.0)(**encoded)

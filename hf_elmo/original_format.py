@@ -1,5 +1,6 @@
-"""Conversion between the original ELMo files (`options.json` + weights `.hdf5`, bilm-tf/AllenNLP layout)
-and `save_pretrained` directories.
+"""The original format of ELMo models, bilm-tf's and AllenNLP's (`options.json` + weights `.hdf5`): read into an
+`ElmoModel` (`model_from_original`), converted into `save_pretrained` directories (`convert`) and written back
+(`export_hdf5`).
 
 The mapping is a pure re-arrangement (transposes, concatenation, the zero padding row of the character
 embedding), so `convert` followed by `export_hdf5` gives back bit-identical arrays.
@@ -21,7 +22,7 @@ from .modeling_elmo import ElmoModel
 from .tokenization_elmo import ElmoCharTokenizer
 
 
-class LegacyWeightsError(ValueError):
+class OriginalFormatError(ValueError):
     """The original options or weights are missing, unreadable or do not match each other."""
 
 
@@ -35,16 +36,16 @@ def _require(options: dict, section: str, key: str, path: str | Path) -> Any:
     try:
         return options[section][key]
     except (KeyError, TypeError):
-        raise LegacyWeightsError(f"{path}: missing required key '{section}.{key}'") from None
+        raise OriginalFormatError(f"{path}: missing required key '{section}.{key}'") from None
 
 
 def config_from_options(options: dict, path: str | Path = "options.json") -> ElmoConfig:
     """An `ElmoConfig` from the parsed original `options.json` (training or inference variant)."""
     if "char_cnn" not in options:
-        raise LegacyWeightsError(f"{path}: no 'char_cnn' section; word-input biLMs are not supported")
+        raise OriginalFormatError(f"{path}: no 'char_cnn' section; word-input biLMs are not supported")
     n_characters = options["char_cnn"].get("n_characters", 262)
     if n_characters not in (261, 262):
-        raise LegacyWeightsError(f"{path}: char_cnn.n_characters must be 261 (training) or 262, got {n_characters}")
+        raise OriginalFormatError(f"{path}: char_cnn.n_characters must be 261 (training) or 262, got {n_characters}")
     return ElmoConfig(
         char_embedding_dim=_require(options["char_cnn"], "embedding", "dim", path),
         filters=_require(options, "char_cnn", "filters", path),
@@ -88,7 +89,7 @@ def _lstm_prefix(direction: int, layer: int) -> str:
     return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
 
 
-def legacy_layout(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
+def original_layout(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
     """Dataset name → shape of the original weight file for this config."""
     filters, P, D = config.n_filters, config.projection_dim, config.lstm_dim
     layout = {"char_embed": (config.n_characters - 1, config.char_embedding_dim)}
@@ -114,43 +115,43 @@ def legacy_layout(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
 
 def _read_hdf5(weights_file: str | Path, config: ElmoConfig, progress: bool = False) -> dict[str, np.ndarray]:
     h5py = require_h5py()
-    layout = legacy_layout(config)
+    layout = original_layout(config)
     try:
         handle = h5py.File(weights_file, "r")
     except FileNotFoundError:
-        raise LegacyWeightsError(f"{weights_file}: no such file") from None
+        raise OriginalFormatError(f"{weights_file}: no such file") from None
     except OSError as error:
-        raise LegacyWeightsError(f"{weights_file}: not a readable HDF5 weight file ({error})") from None
+        raise OriginalFormatError(f"{weights_file}: not a readable HDF5 weight file ({error})") from None
     arrays: dict[str, np.ndarray] = {}
     with handle:
         found: list[str] = []
         handle.visititems(lambda name, item: found.append(name) if isinstance(item, h5py.Dataset) else None)
         if "embedding" in found and "char_embed" not in found:
-            raise LegacyWeightsError(f"{weights_file}: a word-input biLM ('embedding' dataset); not supported")
+            raise OriginalFormatError(f"{weights_file}: a word-input biLM ('embedding' dataset); not supported")
         items = tqdm(layout.items(), desc="reading weights", unit=" arrays", disable=not progress, leave=False)
         for name, shape in items:
             if name not in handle:
-                raise LegacyWeightsError(f"{weights_file}: dataset '{name}' is missing (expected shape {shape})")
+                raise OriginalFormatError(f"{weights_file}: dataset '{name}' is missing (expected shape {shape})")
             try:
                 array = np.asarray(handle[name][...], dtype=np.float32)
             except Exception as error:  # h5py raises OSError/KeyError/RuntimeError on damaged data
-                raise LegacyWeightsError(f"{weights_file}: dataset '{name}' cannot be read ({error})") from None
+                raise OriginalFormatError(f"{weights_file}: dataset '{name}' cannot be read ({error})") from None
             if array.shape != shape:
-                raise LegacyWeightsError(
+                raise OriginalFormatError(
                     f"{weights_file}: dataset '{name}' has shape {array.shape}, options.json implies {shape}"
                 )
             arrays[name] = array
         unexpected = sorted(set(found) - set(layout))
         if unexpected:
-            raise LegacyWeightsError(
+            raise OriginalFormatError(
                 f"{weights_file}: unexpected dataset(s) {unexpected} for these options "
                 f"(n_highway={config.n_highway}, n_layers={config.n_layers}, filters={len(config.filters)} banks)"
             )
     return arrays
 
 
-def state_dict_from_legacy(arrays: dict[str, np.ndarray], config: ElmoConfig) -> dict[str, torch.Tensor]:
-    """`ElmoModel` state dict from the original datasets (see `legacy_layout`)."""
+def state_dict_from_original(arrays: dict[str, np.ndarray], config: ElmoConfig) -> dict[str, torch.Tensor]:
+    """`ElmoModel` state dict from the original datasets (see `original_layout`)."""
     P = config.projection_dim
     state = {
         "char_cnn.char_embedding.weight": np.concatenate(
@@ -182,8 +183,8 @@ def state_dict_from_legacy(arrays: dict[str, np.ndarray], config: ElmoConfig) ->
     return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in state.items()}
 
 
-def legacy_from_state_dict(state: dict[str, torch.Tensor], config: ElmoConfig) -> dict[str, np.ndarray]:
-    """The inverse of `state_dict_from_legacy`."""
+def original_from_state_dict(state: dict[str, torch.Tensor], config: ElmoConfig) -> dict[str, np.ndarray]:
+    """The inverse of `state_dict_from_original`."""
     s = {name: value.detach().cpu().float().numpy() for name, value in state.items()}
     arrays = {"char_embed": s["char_cnn.char_embedding.weight"][1:]}
     for i in range(len(config.filters)):
@@ -214,16 +215,16 @@ def read_options(options_file: str | Path) -> dict:
     try:
         return json.loads(Path(options_file).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise LegacyWeightsError(f"{options_file}: no such file") from None
+        raise OriginalFormatError(f"{options_file}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise LegacyWeightsError(f"{options_file}: not valid JSON ({error})") from None
+        raise OriginalFormatError(f"{options_file}: not valid JSON ({error})") from None
 
 
-def load_legacy(options_file: str | Path, weights_file: str | Path, progress: bool = False) -> ElmoModel:
+def model_from_original(options_file: str | Path, weights_file: str | Path, progress: bool = False) -> ElmoModel:
     """An `ElmoModel` (eval mode) with the weights of an original options/hdf5 pair (`progress`: a bar of the
     arrays read, on stderr)."""
     config = config_from_options(read_options(options_file), options_file)
-    state = state_dict_from_legacy(_read_hdf5(weights_file, config, progress), config)
+    state = state_dict_from_original(_read_hdf5(weights_file, config, progress), config)
     model = ElmoModel(config)
     model.load_state_dict(state, strict=True)
     return model.eval()
@@ -238,10 +239,10 @@ def convert(
     repo_id: str | None = None,
 ) -> Path:
     """Write a `save_pretrained` directory (config, model.safetensors, tokenizer, model card whose snippets load
-    `repo_id`, the Hub repo it will be pushed to, if given); `progress` as in `load_legacy`."""
+    `repo_id`, the Hub repo it will be pushed to, if given); `progress` as in `model_from_original`."""
     from .cards import write_model_card
 
-    model = load_legacy(options_file, weights_file, progress)
+    model = model_from_original(options_file, weights_file, progress)
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token).save_pretrained(output_dir)
@@ -255,7 +256,7 @@ def export_hdf5(model: ElmoModel, output_prefix: str | Path) -> tuple[Path, Path
     """Write `model` (e.g. `load_model(name)`) as `<prefix>options.json` and `<prefix>weights.hdf5` in the original
     layout; returns both paths."""
     h5py = require_h5py()
-    arrays = legacy_from_state_dict(model.state_dict(), model.config)
+    arrays = original_from_state_dict(model.state_dict(), model.config)
     prefix = str(output_prefix)
     options_path, weights_path = Path(prefix + "options.json"), Path(prefix + "weights.hdf5")
     options_path.parent.mkdir(parents=True, exist_ok=True)
@@ -267,14 +268,14 @@ def export_hdf5(model: ElmoModel, output_prefix: str | Path) -> tuple[Path, Path
 
 
 __all__ = [
-    "LegacyWeightsError",
+    "OriginalFormatError",
     "config_from_options",
     "convert",
     "export_hdf5",
-    "legacy_from_state_dict",
-    "legacy_layout",
-    "load_legacy",
+    "original_from_state_dict",
+    "original_layout",
+    "model_from_original",
     "options_from_config",
     "require_h5py",
-    "state_dict_from_legacy",
+    "state_dict_from_original",
 ]

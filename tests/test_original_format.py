@@ -11,7 +11,7 @@ from elmo_fixtures import ALLENNLP, FIXTURE_MODELS, require, sentences, tiny_con
 from transformers import AutoModel, AutoTokenizer
 
 from hf_elmo import ElmoModel, load_model
-from hf_elmo.convert import LegacyWeightsError, convert, export_hdf5, legacy_layout, load_legacy
+from hf_elmo.original_format import OriginalFormatError, convert, export_hdf5, model_from_original, original_layout
 
 
 def read_all(path):
@@ -64,15 +64,15 @@ def test_layout_variants_round_trip(tmp_path, overrides):
     torch.manual_seed(0)
     model = ElmoModel(tiny_config(**overrides))
     model.save_pretrained(tmp_path / "model")
-    options, weights = export_hdf5(load_model(tmp_path / "model"), tmp_path / "legacy_")
-    assert sorted(read_all(weights)) == sorted(legacy_layout(model.config))
-    reloaded = load_legacy(options, weights)
+    options, weights = export_hdf5(load_model(tmp_path / "model"), tmp_path / "original_")
+    assert sorted(read_all(weights)) == sorted(original_layout(model.config))
+    reloaded = model_from_original(options, weights)
     for key, value in model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[key], value), key
 
 
 @pytest.fixture
-def legacy_copy(tmp_path):
+def original_copy(tmp_path):
     """A writable copy of the allennlp fixture pair in tmp_path."""
     options = shutil.copy(require(ALLENNLP / "options.json"), tmp_path / "options.json")
     weights = shutil.copy(require(ALLENNLP / "lm_weights.hdf5"), tmp_path / "weights.hdf5")
@@ -85,63 +85,63 @@ def edit_options(path, update):
     path.write_text(json.dumps(options))
 
 
-def test_training_options_with_261_characters_are_accepted(legacy_copy):
-    options, weights, *_ = legacy_copy
+def test_training_options_with_261_characters_are_accepted(original_copy):
+    options, weights, *_ = original_copy
     edit_options(options, lambda o: o["char_cnn"].update(n_characters=261))
-    assert load_legacy(options, weights).config.n_characters == 262
+    assert model_from_original(options, weights).config.n_characters == 262
 
 
-def test_missing_dataset_names_it(legacy_copy):
-    options, weights, *_ = legacy_copy
+def test_missing_dataset_names_it(original_copy):
+    options, weights, *_ = original_copy
     with h5py.File(weights, "a") as handle:
         del handle["CNN_high_1/W_carry"]
-    with pytest.raises(LegacyWeightsError, match=r"'CNN_high_1/W_carry' is missing \(expected shape \(124, 124\)\)"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match=r"'CNN_high_1/W_carry' is missing \(expected shape \(124, 124\)\)"):
+        model_from_original(options, weights)
 
 
-def test_wrong_shape_names_dataset_and_shapes(legacy_copy):
-    options, weights, *_ = legacy_copy
+def test_wrong_shape_names_dataset_and_shapes(original_copy):
+    options, weights, *_ = original_copy
     with h5py.File(weights, "a") as handle:
         del handle["CNN_proj/b_proj"]
         handle["CNN_proj/b_proj"] = np.zeros(17, np.float32)
-    with pytest.raises(LegacyWeightsError, match=r"'CNN_proj/b_proj' has shape \(17,\), options.json implies \(16,\)"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match=r"'CNN_proj/b_proj' has shape \(17,\), options.json implies \(16,\)"):
+        model_from_original(options, weights)
 
 
-def test_options_that_do_not_match_the_weights(legacy_copy):
-    options, weights, *_ = legacy_copy
+def test_options_that_do_not_match_the_weights(original_copy):
+    options, weights, *_ = original_copy
     edit_options(options, lambda o: o["char_cnn"].update(n_highway=3))
-    with pytest.raises(LegacyWeightsError, match="'CNN_high_2/W_carry' is missing"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match="'CNN_high_2/W_carry' is missing"):
+        model_from_original(options, weights)
     edit_options(options, lambda o: o["char_cnn"].update(n_highway=1))
-    with pytest.raises(LegacyWeightsError, match="unexpected dataset.*CNN_high_1/W_carry"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match="unexpected dataset.*CNN_high_1/W_carry"):
+        model_from_original(options, weights)
     edit_options(options, lambda o: (o["char_cnn"].update(n_highway=2), o["lstm"].update(dim=32)))
-    with pytest.raises(LegacyWeightsError, match=r"W_0' has shape \(32, 256\), options.json implies \(32, 128\)"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match=r"W_0' has shape \(32, 256\), options.json implies \(32, 128\)"):
+        model_from_original(options, weights)
 
 
-def test_corrupt_and_missing_files(legacy_copy, tmp_path):
-    options, weights, *_ = legacy_copy
+def test_corrupt_and_missing_files(original_copy, tmp_path):
+    options, weights, *_ = original_copy
     weights.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 10)
-    with pytest.raises(LegacyWeightsError, match="not a readable HDF5 weight file"):
-        load_legacy(options, weights)
-    with pytest.raises(LegacyWeightsError, match="no such file"):
-        load_legacy(options, tmp_path / "nope.hdf5")
+    with pytest.raises(OriginalFormatError, match="not a readable HDF5 weight file"):
+        model_from_original(options, weights)
+    with pytest.raises(OriginalFormatError, match="no such file"):
+        model_from_original(options, tmp_path / "nope.hdf5")
     options.write_text("{not json")
-    with pytest.raises(LegacyWeightsError, match="not valid JSON"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match="not valid JSON"):
+        model_from_original(options, weights)
     options.write_text(json.dumps({"lstm": {"dim": 4}}))
-    with pytest.raises(LegacyWeightsError, match="word-input"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match="word-input"):
+        model_from_original(options, weights)
     options.write_text(json.dumps({"char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4]]}, "lstm": {}}))
-    with pytest.raises(LegacyWeightsError, match="missing required key 'char_cnn.max_characters_per_token'"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match="missing required key 'char_cnn.max_characters_per_token'"):
+        model_from_original(options, weights)
 
 
-def test_truncated_file_gives_a_clear_error(legacy_copy):
-    options, weights, *_ = legacy_copy
+def test_truncated_file_gives_a_clear_error(original_copy):
+    options, weights, *_ = original_copy
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    with pytest.raises(LegacyWeightsError, match="weights.hdf5"):
-        load_legacy(options, weights)
+    with pytest.raises(OriginalFormatError, match="weights.hdf5"):
+        model_from_original(options, weights)

@@ -1,0 +1,255 @@
+"""`ElmoEmbedder`: per-word ELMo vectors of many sentences, AllenNLP's `ElmoEmbedder` API included."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+import torch
+
+from ..kernels import ElmoInferenceCache
+from ..loading import DEFAULT_MODEL_NAME, load_model, load_original, load_tokenizer
+from ..modeling_elmo import ElmoModel, ElmoScalarMix
+from ..runtime import halve_on_out_of_memory, mixed_precision
+from ..text import ElmoBatch, length_batches
+from ..tokenization_elmo import ElmoCharTokenizer
+from .files import embed_file
+from .settings import EmbedSettingError, EmbedSettings
+from .windows import Window, chunks, sentence_index, sentence_windows
+
+
+class ElmoEmbedder:
+    r"""
+    Per-word ELMo vectors for many sentences, `<S>`/`</S>` removed. Every sentence starts from the zero LSTM state,
+    so its vectors do not depend on the other sentences of its batch.
+
+    AllenNLP's `ElmoEmbedder` calls work unchanged: `ElmoEmbedder()` (here the English model shipped with the
+    package; AllenNLP's default is `ElmoEmbedder("original")`), `ElmoEmbedder(options_file, weight_file,
+    cuda_device)` (the original weights, converted in memory, or a published model's URLs),
+    `embed_sentence`, `embed_batch`, `embed_sentences(sentences, batch_size)`, `batch_to_embeddings` and
+    `embed_file(input_file, output_file_path, output_format, batch_size, forget_sentences, use_sentence_keys)`,
+    with AllenNLP's shapes (`layers="all"`: `(n_layers + 1, words, width)` per sentence).
+
+    Args:
+        model (`ElmoModel` or `str`, `"default"`): the biLM, or where to load it: `"default"` (the English model
+            shipped with the package), a published model (`"original"`, ...: see `hf_elmo.published`), a
+            `save_pretrained` directory (a trained biLM with a softmax gives its
+            encoder) or a Hub id. It is put in eval mode (and moved to `device` if given).
+        tokenizer (`ElmoCharTokenizer`, optional): defaults to the loaded model's, or one matching `model.config`.
+        layers (`str`, `"all"`): `"all"` gives `(n_layers + 1, words, width)` per sentence; `"top"` the last biLSTM
+            layer, `"average"` the mean of all layers and `"mix"` `gamma * sum_j softmax(s)_j * layer_j`, each
+            `(words, width)`.
+        scalar_parameters (`Sequence[float]`, optional): the unnormalised `s` of `"mix"`, one per layer (default
+            zeros, i.e. the average); as `ElmoScalarMix`, e.g. `[-9e10, 1, -9e10]` selects the first biLSTM layer.
+        gamma (`float`, 1.0): the scale of `"mix"`.
+        batch_tokens (`int`, 4096): padded positions per forward pass, boundaries included.
+        buffer_tokens (`int`, optional): positions read ahead and sorted by length before batching (default
+            `4 * batch_tokens`); bounds the memory held by `embed_sentences`.
+        batch_size (`int`, optional): sentences per forward pass at most (AllenNLP's `batch_size`), on top of
+            `batch_tokens`.
+        max_sentence_words (`int`, 1000): `embed_sentences` runs longer sentences as windows of this many words
+            (each from the zero state; AllenNLP runs them whole) so that memory stays bounded.
+        device (`str` or `torch.device`, optional): where to run the model; default: where it is.
+        options_file, weight_file (`str`, optional): the original `options.json` and `.hdf5` weights, instead of
+            `model` (as AllenNLP; also accepted as the first two positional arguments).
+        cuda_device (`int`, optional): AllenNLP's device argument: -1 for the CPU, n for `cuda:n`.
+        bf16 (`bool`, False): run the biLM under bf16 autocast (outputs still float32; float16 on GPUs older than
+            Ampere: `runtime.reduced_precision`): several times faster on CPUs with native bf16 (AVX512-BF16, AMX)
+            and on GPUs, not exact (measured on the default model: see docs/performance.md). Never chosen on its
+            own; a warning says when the CPU has no native bf16.
+        settings (`EmbedSettings`, optional): all of `layers` to `weight_file` (but `cuda_device`) at once, as
+            `elmo embed` gives them; the arguments are checked by making one (an `EmbedSettingError` names the one
+            at fault).
+    """
+
+    def __init__(
+        self,
+        model: ElmoModel | str | os.PathLike = DEFAULT_MODEL_NAME,
+        tokenizer: ElmoCharTokenizer | str | os.PathLike | None = None,
+        layers: str = "all",
+        scalar_parameters: Sequence[float] | None = None,
+        gamma: float = 1.0,
+        batch_tokens: int = 4096,
+        buffer_tokens: int | None = None,
+        device: str | torch.device | None = None,
+        batch_size: int | None = None,
+        max_sentence_words: int = 1000,
+        *,
+        options_file: str | os.PathLike | None = None,
+        weight_file: str | os.PathLike | None = None,
+        cuda_device: int | None = None,
+        bf16: bool = False,
+        settings: EmbedSettings | None = None,
+    ):
+        if isinstance(model, (str, os.PathLike)) and str(model).endswith(".json") and isinstance(
+            tokenizer, (str, os.PathLike)
+        ):  # AllenNLP's positional ElmoEmbedder(options_file, weight_file[, cuda_device])
+            model, tokenizer, options_file, weight_file = DEFAULT_MODEL_NAME, None, model, tokenizer
+            if isinstance(layers, int) and not isinstance(layers, bool):
+                layers, cuda_device = "all", layers
+        if settings is None:
+            settings = EmbedSettings(
+                layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
+                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device, cuda_device), bf16,
+                options_file, weight_file,
+            )
+        model, tokenizer = _model_and_tokenizer(model, tokenizer, settings)
+        settings.check_model(model.config)
+        self.model = model.eval() if settings.device is None else model.to(settings.device).eval()
+        self.device = next(model.parameters()).device
+        self.tokenizer = tokenizer or ElmoCharTokenizer.for_model(model.config)
+        # Token representations of the 20,000 most recently seen words and the packed LSTM weights, across calls.
+        self.inference_cache = ElmoInferenceCache()
+        self._apply(settings)
+
+    def _apply(self, settings: EmbedSettings) -> None:
+        """Take `settings` (checked when made) for the next calls."""
+        self.settings = settings
+        self.batch_tokens = settings.batch_tokens
+        self.buffer_tokens = settings.buffer_tokens or 4 * settings.batch_tokens
+        self.batch_size = settings.batch_size
+        self.max_sentence_words = settings.max_sentence_words
+        self.bf16 = settings.bf16
+        self.layers = settings.layers
+        self.mix = None
+        num_layers = self.model.config.num_output_layers
+        if self.layers in ("average", "mix"):
+            self.mix = ElmoScalarMix(num_layers, initial_scalar_parameters=settings.scalar_parameters, trainable=False)
+            self.mix.gamma.fill_(settings.gamma)  # trainable=False: a plain in-place update
+            self.mix.to(self.device)
+        # The shape of one word's output.
+        width = self.model.config.output_dim
+        self.token_shape: tuple[int, ...] = (num_layers, width) if self.layers == "all" else (width,)
+
+    def _variant(self, layers: str | None = None, batch_size: int | None = None) -> ElmoEmbedder:
+        """This embedder (same model and cache) with other `layers` or `batch_size` (checked by `EmbedSettings`)."""
+        changes = {name: value for name, value in (("layers", layers), ("batch_size", batch_size)) if value is not None}
+        if layers is not None and layers != "mix":  # a mix's weights do not carry over to another output
+            changes.update(scalar_parameters=None, gamma=1.0)
+        settings = dataclasses.replace(self.settings, **changes)
+        if settings == self.settings:
+            return self
+        variant = copy.copy(self)
+        variant._apply(settings)
+        return variant
+
+    def _layers(self, sentences: Sequence[Sequence[str]]) -> tuple[tuple[torch.Tensor, ...], ElmoBatch]:
+        """One forward pass: the biLM layers, each (batch, positions, width) with the `<S>`/`</S>` rows, and the
+        batch they were computed from, on the model's device."""
+        batch = self.tokenizer.batch([list(words) for words in sentences]).to(self.device, non_blocking=True)
+        with mixed_precision(self.device, enabled=self.bf16):
+            layers = self.model(**batch, inference_cache=self.inference_cache).hidden_states
+        return tuple(layer.float() for layer in layers), batch
+
+    @torch.inference_mode()
+    def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """AllenNLP's `batch_to_embeddings`: all layers `(batch, n_layers + 1, words, width)` and the word mask
+        `(batch, words)`, sentence boundaries removed, on the model's device."""
+        hidden_states, elmo_batch = self._layers(batch)
+        return torch.stack([elmo_batch.strip(layer) for layer in hidden_states], dim=1), elmo_batch.words_mask
+
+    def embed_sentence(self, sentence: Sequence[str]) -> np.ndarray:
+        """One sentence: `(layers, words, width)` with `layers="all"`, else `(words, width)`."""
+        return self.embed_batch([sentence])[0]
+
+    @torch.inference_mode()
+    def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One forward pass (on a GPU without the memory for it, several: the batch halved until each part fits, the
+        same vectors). Returns per sentence a float32 array `(layers, words, width)` or `(words, width)`."""
+        return halve_on_out_of_memory(
+            list(sentences), self._embed_batch, lambda parts: [array for part in parts for array in part],
+            lambda words: f"a sentence of {len(words)} words",
+        )
+
+    def _embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        hidden_states, batch = self._layers(sentences)
+        if self.layers == "all":
+            output = torch.stack([batch.strip(layer) for layer in hidden_states])  # (layers, batch, words, width)
+        elif self.layers == "top":
+            output = batch.strip(hidden_states[-1])  # (batch, words, width)
+        else:
+            output = batch.strip(self.mix(hidden_states))
+        output = output.float().cpu().numpy()
+        # Copies, so that no sentence keeps the whole batch alive.
+        return [output[..., row, :words, :].copy() for row, words in enumerate(batch.word_counts)]
+
+    def embed_sentences(
+        self, sentences: Iterable[Sequence[str]], batch_size: int | None = None
+    ) -> Iterator[np.ndarray]:
+        """Embed lazily, yielding one array per sentence (see `embed_batch`) in input order.
+
+        The input is consumed in chunks of about `buffer_tokens` positions; each chunk is sorted by length and
+        cut into batches of at most `batch_tokens` positions (and `batch_size` sentences, default the embedder's),
+        so padding is small and memory bounded. A sentence longer than `max_sentence_words` is run as consecutive
+        windows of that many words, each from the zero state, and their vectors are concatenated, so a huge line
+        needs the memory of a window (plus its output), not of the whole line.
+        """
+        for _, embedded in itertools.groupby(self.embedded_windows(sentences, batch_size), key=sentence_index):
+            first, embedding = next(embedded)
+            if len(first.words) == first.sentence_words:  # one window
+                yield embedding
+                continue
+            # The windows' vectors copied into the sentence's array as they come: one copy of a long line.
+            joined = np.empty((*embedding.shape[:-2], first.sentence_words, embedding.shape[-1]), dtype=np.float32)
+            joined[..., : len(first.words), :] = embedding
+            start = len(first.words)
+            for window, part in embedded:  # noqa: B031 (the rest of the group, after next())
+                joined[..., start : start + len(window.words), :] = part
+                start += len(window.words)
+            yield joined
+
+    def embedded_windows(
+        self, sentences: Iterable[Sequence[str]], batch_size: int | None = None
+    ) -> Iterator[tuple[Window, np.ndarray]]:
+        """Every window of every sentence (see `embed_sentences`) with its vectors, in input order; at most
+        `buffer_tokens` positions of windows are read ahead, sorted by length and embedded in batches."""
+        batch_size = batch_size or self.batch_size
+        for chunk in chunks(sentence_windows(sentences, self.max_sentence_words), self.buffer_tokens):
+            embeddings: dict[int, np.ndarray] = {}
+            for batch in length_batches([len(window.words) for window in chunk], self.batch_tokens, batch_size):
+                embeddings.update(zip(batch, self.embed_batch([chunk[j].words for j in batch])))
+            for j, window in enumerate(chunk):
+                yield window, embeddings.pop(j)
+
+    def embed_file(
+        self,
+        input_file: str | Path | IO,
+        output_file_path: str | Path,
+        output_format: str | None = None,
+        batch_size: int | None = None,
+        forget_sentences: bool = False,
+        use_sentence_keys: bool = False,
+        tokenized: bool = True,
+        progress: bool = True,
+    ) -> int:
+        """AllenNLP's `embed_file`: every line of `input_file` (a path, `"-"` or an open file) is a sentence of
+        whitespace-separated words (`tokenized=False`: raw text, split by the model's word tokenizer), written to
+        `output_file_path` (see `embed_file` of this module) with `output_format` "all", "top" or "average"
+        (default: the embedder's `layers`). Returns the number of sentences."""
+        return embed_file(
+            self._variant(output_format, batch_size), input_file, output_file_path, tokenized=tokenized,
+            progress=progress, sentence_index=not forget_sentences, sentence_keys=use_sentence_keys,
+        )
+
+
+def _model_and_tokenizer(
+    model: ElmoModel | str | os.PathLike, tokenizer: ElmoCharTokenizer | None, settings: EmbedSettings
+) -> tuple[ElmoModel, ElmoCharTokenizer | None]:
+    """The biLM of `ElmoEmbedder`'s arguments (a model, where to load one, or the settings' original weights), and
+    the tokenizer of a loaded directory or Hub id."""
+    if settings.original_weights is not None:
+        if not (isinstance(model, str) and model == DEFAULT_MODEL_NAME):
+            raise EmbedSettingError("options_file/weight_file", "give either a model or the original weights, not "
+                                    "both")
+        return load_original(*settings.original_weights), tokenizer
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(model), tokenizer or load_tokenizer(model)
+    if not isinstance(model, ElmoModel):
+        raise TypeError(f"model must be an ElmoModel, a directory or a Hub id, got {type(model).__name__}")
+    return model, tokenizer
