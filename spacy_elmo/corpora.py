@@ -26,7 +26,7 @@ SST5_TO_SST2 = {0: 0, 1: 0, 3: 1, 4: 1}
 
 def read_conll2003(path: str | Path, vocab: Vocab, n_sents: int = 10) -> Iterator[Doc]:
     """Docs of up to `n_sents` sentences from a CoNLL-2003 NER file (IOB1 or IOB2 tags)."""
-    if n_sents < 1:
+    if n_sents < 1:  # not `integer_problem`: spaCy's CLI imports this module at every command, never hf_elmo
         raise ValueError(f"n_sents must be >= 1, got {n_sents}")
     group: list[list[list[str]]] = []
     for sentence in conll_sentences(path):

@@ -9,7 +9,6 @@ from itertools import islice
 from typing import Any
 
 import numpy as np
-import torch
 from spacy.attrs import ORTH, SENT_START
 from spacy.language import Language
 from spacy.pipeline import TrainablePipe
@@ -20,10 +19,10 @@ from thinc.api import Config, Model, Optimizer
 from thinc.types import Floats3d
 
 from hf_elmo import DEFAULT_MODEL_NAME
+from hf_elmo.runtime import set_threads
 
-from .layers import ElmoListener, replace_listener, replace_listener_cfg, set_bilm_weights
-from .layers.bilm import bilm_weights
-from .layers.listener import empty_backprop
+from .layers import ElmoListener, ensure_loaded, replace_listener, replace_listener_cfg, set_bilm_weights
+from .layers.bilm import empty_backprop
 from .vectors import mixed_layers, register_extensions, restore_hooks
 
 DEFAULT_CONFIG_STR = f"""
@@ -171,8 +170,9 @@ class Elmo(TrainablePipe):
         if os.getpid() != self._process:
             # In a worker process (`nlp.pipe(n_process=...)`): a forked child inheriting torch's OpenMP thread pool
             # can hang in its first torch op, and the workers share the cores; torch runs single-threaded there.
-            torch.set_num_threads(1)
+            set_threads(1)
             self._process = os.getpid()
+        ensure_loaded(self.model, self.name)  # a pipeline used before `nlp.initialize()` reads its weights here
         return self.model.predict(list(docs))
 
     def set_annotations(self, docs: Sequence[Doc], layers: list[Floats3d]) -> None:
@@ -220,6 +220,7 @@ class Elmo(TrainablePipe):
         losses.setdefault(self.name, 0.0)
         if not self.listeners:
             return losses
+        ensure_loaded(self.model, self.name)
         docs = [eg.predicted for eg in examples]
         batch_id = ElmoListener.get_batch_id(docs)
         if self.freeze:
@@ -275,7 +276,7 @@ class Elmo(TrainablePipe):
         self.frozen_cache.clear()
         if weights is not None:
             set_bilm_weights(self.model, weights())
-        bilm_weights(self.model, self.name)
+        ensure_loaded(self.model, self.name)
         self.model.initialize(X=[eg.predicted for eg in islice(get_examples(), 10)])
         n_layers, width = self.model.get_dim("nL"), self.model.get_dim("nO")
         for component, listeners in self.listener_map.items():

@@ -13,6 +13,7 @@ from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc, Span
 from spacy.util import registry
 
+from hf_elmo.configuration_elmo import integer_problem
 from hf_elmo.text import windows
 
 SpanGetter = Callable[[list[Doc]], list[list[Span]]]
@@ -57,8 +58,8 @@ def doc_spans(docs: Iterable[Doc], max_length: int = 512) -> list[list[Span]]:
 
 
 def _check_max_length(max_length: int) -> None:
-    if max_length < 1:
-        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    if problem := integer_problem(max_length, 1):
+        raise ValueError(f"max_length {problem}")
 
 
 @registry.misc("spacy-elmo.sent_spans.v1")

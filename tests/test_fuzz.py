@@ -25,11 +25,12 @@ import torch
 from elmo_fixtures import tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spacy_fixtures import convert_fixture, single_threaded_torch  # noqa: F401 (autouse)
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel
 from hf_elmo.embed import ElmoEmbedder, embed_file
 from hf_elmo.text import read_lines, split_into_words
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
@@ -120,8 +121,7 @@ SPACY_TEXT = st.one_of(st.text(max_size=40), st.text(TROUBLE.replace("\udc80", "
     "\ud800", ""), max_size=40))
 
 
-def test_the_spacy_component_takes_any_text_and_gives_each_sentence_its_own_vectors(tmp_path_factory):
-    elmo_dir = convert_fixture(tmp_path_factory.mktemp("elmo") / "m")
+def test_the_spacy_component_takes_any_text_and_gives_each_sentence_its_own_vectors(elmo_dir):
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")
     nlp.add_pipe("elmo", config={"model": {"name": str(elmo_dir)}})

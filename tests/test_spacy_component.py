@@ -11,25 +11,14 @@ import pytest
 import spacy
 import torch
 from spacy.tokens import Doc, DocBin
-from spacy_fixtures import (
-    N_LAYERS,
-    WIDTH,
-    convert_fixture,
-    elmo_pipeline,
-    run_python,
-    single_threaded_torch,  # noqa: F401 (autouse)
-)
+from spacy_fixtures import N_LAYERS, WIDTH, elmo_pipeline, run_python
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel, remove_sentence_boundaries
 from spacy_elmo import restore_hooks
 from spacy_elmo.layers import elmo_shim
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TEXT = "The bank raised rates. We sat on the river bank."
-
-
-@pytest.fixture(scope="module")
-def elmo_dir(tmp_path_factory):
-    return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +158,7 @@ def test_mixed_precision_on_a_cpu_predicts_in_bf16_close_to_float32(elmo_dir, nl
     """Thinc autocasts only on CUDA; on a CPU `mixed_precision` runs predictions in the biLM's bf16 mode (LSTM
     weights packed in bf16 in the component's cache, the char CNN's filters and biases cast there once), and warns
     on CPUs without native bf16."""
-    from hf_elmo.kernels import native_bf16_cpu, onednn_available
+    from hf_elmo.runtime import native_bf16_cpu, onednn_available
 
     bf16_nlp = elmo_pipeline(elmo_dir, model={"mixed_precision": True})
     with warnings.catch_warnings(record=True) as caught:
@@ -328,6 +317,7 @@ import numpy as np, spacy
 sys.path.insert(0, "tests")
 from spacy_fixtures import elmo_pipeline
 from spacy_elmo.layers.listener import ElmoListener
+
 texts = ["The  bank raised rates. We sat\\n\\non the bank.", "Hi", "", "A much longer sentence of words here ."] * 8
 warnings.simplefilter("error")
 arrays = {}

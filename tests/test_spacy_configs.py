@@ -16,7 +16,7 @@ from elmo_fixtures import require
 from spacy.pipeline import Sentencizer
 from spacy.training import Example
 from spacy.util import registry
-from spacy_fixtures import DATA, convert_fixture
+from spacy_fixtures import DATA
 from thinc.api import Config
 from typer.testing import CliRunner
 
@@ -97,15 +97,10 @@ def test_every_sst5_training_sentence_or_phrase_is_one_labelled_doc(source, phra
     assert all(len(spans) >= 1 for spans in get_spans(predicted))
 
 
-@pytest.fixture(scope="module")
-def fixture_bilm(tmp_path_factory):
-    return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
-
-
 @pytest.mark.parametrize("task, encoder", [("ner", None), ("textcat", None), ("textcat", "bcn")])
 @pytest.mark.parametrize("placement, n_listeners", [("input", 1), ("input+output", 2), ("none", 0)])
-def test_init_config_places_elmo_where_asked(fixture_bilm, task, encoder, placement, n_listeners):
-    config = make_config(task, str(fixture_bilm), elmo=placement, encoder=encoder)
+def test_init_config_places_elmo_where_asked(elmo_dir, task, encoder, placement, n_listeners):
+    config = make_config(task, str(elmo_dir), elmo=placement, encoder=encoder)
     config["components"][task]["model"]["tok2vec"]["embed"]["width"] = 8
     config["components"][task]["model"]["tok2vec"]["width"] = 16
     if encoder == "bcn":
@@ -145,8 +140,8 @@ def test_init_config_places_elmo_where_asked(fixture_bilm, task, encoder, placem
     assert rates == {settings["training"]["dropout"]} and stated <= rates and len(stated) == (placement != "none")
 
 
-def test_a_bcn_pipeline_saves_and_reloads_with_the_same_predictions(fixture_bilm, tmp_path):
-    config = make_config("textcat", str(fixture_bilm), encoder="bcn")
+def test_a_bcn_pipeline_saves_and_reloads_with_the_same_predictions(elmo_dir, tmp_path):
+    config = make_config("textcat", str(elmo_dir), encoder="bcn")
     for name, width in (("width", 16), ("feedforward_width", 8)):
         config["components"]["textcat"]["model"]["tok2vec"][name] = width
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)

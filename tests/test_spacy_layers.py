@@ -9,12 +9,7 @@ import torch
 from elmo_fixtures import ALLENNLP, require
 from spacy.tokens import Doc
 from spacy.util import registry
-from spacy_fixtures import (
-    N_LAYERS,
-    WIDTH,
-    convert_fixture,
-    single_threaded_torch,  # noqa: F401 (autouse)
-)
+from spacy_fixtures import N_LAYERS, WIDTH
 from thinc.api import Config, with_padded
 
 from spacy_elmo.architectures import elmo_bilm_v2, elmo_listener_v1, scalar_mix_v1, scalar_mix_v2, tok2vec_elmo_v1
@@ -22,10 +17,7 @@ from spacy_elmo.layers import BiattentiveEncoder, ElmoListener, biattentive_enco
 from spacy_elmo.span_getters import configure_doc_spans, configure_sent_spans, configure_sentence_spans
 from spacy_elmo.weights import load_pretrained, random_bilm
 
-
-@pytest.fixture(scope="module")
-def elmo_dir(tmp_path_factory):
-    return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def random_layers(seed: int = 0, lengths=(4, 0, 7)) -> list[np.ndarray]:
@@ -55,8 +47,8 @@ def test_scalar_mix_is_gamma_times_softmax_weighted_sum():
 @pytest.mark.parametrize("layer_norm", [False, True])
 def test_scalar_mix_agrees_with_elmo_scalar_mix(layer_norm):
     """The Thinc mix and `hf_elmo.ElmoScalarMix` compute the same function and gradients of s, gamma and the
-    layers, with the paper's regulariser. With layer norm both normalise over one sentence's values: the Thinc mix
-    over a Doc's rows (one sentence each here; a Doc of several sentences is normalised as a whole)."""
+    layers, with the paper's regulariser. With layer norm both normalise over one sequence's values (`scalar_mix`):
+    a row of the batch in torch, a Doc in spaCy (one sentence each here; see the next test for several)."""
     from hf_elmo import ElmoScalarMix
 
     Xs = random_layers(3, lengths=(4, 7, 1))
@@ -77,6 +69,33 @@ def test_scalar_mix_agrees_with_elmo_scalar_mix(layer_norm):
     (0.01 * reference.l2_penalty()).backward()
     np.testing.assert_allclose(mix.get_grad("s"), reference.scalar_parameters.grad.numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(mix.get_grad("gamma"), reference.gamma.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_layer_norm_of_the_mix_is_over_one_sequence_a_doc_in_spacy_a_row_in_torch():
+    """One definition (`hf_elmo.modeling_elmo.scalar_mix`): each layer normalised with the mean and variance of all
+    values of one sequence's real positions. spaCy's mix reads one array per Doc, so a Doc of two sentences is
+    normalised as a whole: what `ElmoScalarMix` gives for the Doc as one row of a batch (padding beside it changes
+    nothing), not for its sentences as two rows."""
+    from hf_elmo import ElmoScalarMix
+
+    [doc] = random_layers(1, lengths=(9,))  # (layers, 9 tokens, width): sentences of 4 and 5 tokens
+    mix = make_mix(layer_norm=True)
+    [spacy_output] = mix.predict([doc])
+    reference = ElmoScalarMix(3, do_layer_norm=True, initial_scalar_parameters=[0.1, 0.3, 0.5])
+    with torch.no_grad():
+        reference.gamma.fill_(1.1)
+        padded = torch.zeros(3, 2, 12, doc.shape[-1])  # the Doc as row 0 of a batch, beside another row
+        padded[:, 0, :9] = torch.from_numpy(doc)
+        padded[:, 1] = torch.randn(3, 12, doc.shape[-1])
+        mask = torch.zeros(2, 12, dtype=torch.bool)
+        mask[0, :9] = mask[1] = True
+        as_one_row = reference(padded, mask)[0, :9].numpy()
+        sentences = torch.zeros(3, 2, 5, doc.shape[-1])
+        sentences[:, 0, :4], sentences[:, 1] = torch.from_numpy(doc[:, :4]), torch.from_numpy(doc[:, 4:])
+        as_two_rows = reference(sentences, torch.tensor([[True] * 4 + [False], [True] * 5]))
+    np.testing.assert_allclose(spacy_output, as_one_row, rtol=1e-5, atol=1e-5)
+    per_sentence = np.concatenate([as_two_rows[0, :4].numpy(), as_two_rows[1].numpy()])
+    assert np.abs(spacy_output - per_sentence).max() > 1e-3
 
 
 @pytest.mark.parametrize("layer_norm, l2", [(False, 0.0), (True, 0.0), (False, 1.0), (True, 0.001)])
@@ -305,11 +324,18 @@ def test_sentence_spans_find_sentences_for_the_biLM_without_annotating_the_doc()
         configure_sentence_spans(0)
 
 
-def test_bilm_layer_loads_lazily_and_backpropagates_into_the_biLM(elmo_dir):
+def test_bilm_layer_reads_its_weights_at_initialize_and_backpropagates_into_the_biLM(elmo_dir):
+    """As spacy-transformers' layers: the weights are read, and the dimensions set, in the layer's init; used before,
+    one line says what to do (the `elmo` component reads them itself: `ensure_loaded`)."""
     vocab = spacy.blank("en").vocab
     bilm = elmo_bilm_v2(configure_sent_spans(200), name=str(elmo_dir), max_batch_tokens=8)
     docs = [Doc(vocab, words="The bank raised rates .".split()), Doc(vocab, words=[]), Doc(vocab, words=["Hi"])]
-    Ys, backprop = bilm.begin_update(docs)  # first use loads the weights from `name`
+    with pytest.raises(ValueError, match=r"used before its weights were read: call `nlp.initialize\(\)`"):
+        bilm.predict(docs)
+    assert elmo_shim(bilm).elmo is None and bilm.has_dim("nO") is None
+    bilm.initialize()
+    assert (bilm.get_dim("nO"), bilm.get_dim("nL")) == (WIDTH, N_LAYERS)
+    Ys, backprop = bilm.begin_update(docs)
     assert [Y.shape for Y in Ys] == [(N_LAYERS, 5, WIDTH), (N_LAYERS, 0, WIDTH), (N_LAYERS, 1, WIDTH)]
     assert (bilm.get_dim("nO"), bilm.get_dim("nL")) == (WIDTH, N_LAYERS)
     elmo = elmo_shim(bilm).elmo
@@ -426,7 +452,7 @@ def test_elmo_torch_strip_boundaries_and_to_docs_are_the_model_on_each_row_and_b
     from hf_elmo import ElmoCharTokenizer, ElmoModel
     from spacy_elmo.layers.bilm import Sentence, SentenceBatches, elmo_torch, strip_boundaries, to_docs
 
-    torch_layer = elmo_torch(str(elmo_dir))
+    torch_layer = elmo_torch(str(elmo_dir)).initialize()  # reads the weights from `name`
     sentences = [Sentence(0, np.array([0, 2]), ["The", "bank"]), Sentence(1, np.array([0]), ["Hi"])]
     model = ElmoModel.from_pretrained(elmo_dir).eval()
     encoded = ElmoCharTokenizer()([["The", "bank"], ["Hi"]], is_split_into_words=True, padding=True,
@@ -469,6 +495,8 @@ def test_bilm_v1_is_the_v2_layers_behind_the_one_node_saved_pipelines_have(elmo_
     assert [layer.name for layer in v2.layers] == [
         "elmo_doc_sentences", "elmo_sentence_batches", "elmo_each_batch", "elmo_strip_boundaries", "elmo_to_docs"]
     assert v2.layers[2].layers[0].name == "elmo_torch"
+    v1.initialize()
+    v2.initialize()
     for a, b in zip(v1.predict(docs), v2.predict(docs), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert (v1.get_dim("nO"), v1.get_dim("nL")) == (v2.get_dim("nO"), v2.get_dim("nL")) == (WIDTH, N_LAYERS)
@@ -521,3 +549,28 @@ def test_torch_module_state_is_saved_without_pickle_and_pipelines_saved_with_thi
     from_old = task_bilstm(6, 4).from_bytes(old.to_bytes())
     for (name, a), b in zip(old.shims[0]._model.state_dict().items(), from_old.shims[0]._model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_the_bilm_shim_is_saved_as_every_torch_shim_with_its_config_and_reads_its_first_format(elmo_dir):
+    """One serialisation (`TorchShim.to_bytes`): the biLM's `ElmoConfig` as the shim's config and its tensors as
+    msgpack arrays; a shim without a biLM saves none; the format of the first pipelines (the arrays' dict inline,
+    tests/data/pipeline-05bb94e) still loads."""
+    import srsly
+
+    from hf_elmo import ElmoModel
+    from spacy_elmo.layers import ElmoShim
+
+    elmo = ElmoModel.from_pretrained(elmo_dir).eval()
+    shim = ElmoShim("unused")
+    shim.set_elmo(elmo)
+    msg = srsly.msgpack_loads(shim.to_bytes())
+    assert msg["config"] == elmo.config.to_dict() and isinstance(msg["state"], bytes)
+    first_format = srsly.msgpack_dumps({"config": msg["config"], "state": {
+        name: tensor.numpy() for name, tensor in elmo.state_dict().items()}})
+    for data in (shim.to_bytes(), first_format):
+        loaded = ElmoShim().from_bytes(data).elmo
+        assert not loaded.training and loaded.config.to_dict() == elmo.config.to_dict()
+        for (name, a), b in zip(elmo.state_dict().items(), loaded.state_dict().values(), strict=True):
+            assert torch.equal(a, b), name
+    assert srsly.msgpack_loads(ElmoShim().to_bytes()) == {"config": None, "state": None}
+    assert ElmoShim().from_bytes(ElmoShim().to_bytes()).elmo is None

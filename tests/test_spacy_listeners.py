@@ -10,18 +10,15 @@ import pytest
 import spacy
 import torch
 from spacy.training import Example
-from spacy_fixtures import (
-    DATA,
-    WIDTH,
-    convert_fixture,
-    single_threaded_torch,  # noqa: F401 (autouse)
-)
+from spacy_fixtures import DATA, WIDTH
 from thinc.api import Adam, Config, fix_random_seed
 
 from hf_elmo import ElmoModel
 from spacy_elmo.corpora import read_conll2003
 from spacy_elmo.layers import elmo_shim
 from spacy_elmo.pipeline_component import FrozenLayersCache
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PIPELINE_CONFIG = """
 [nlp]
@@ -122,11 +119,6 @@ depth = 1
 window_size = 1
 maxout_pieces = 2
 """
-
-
-@pytest.fixture(scope="module")
-def elmo_dir(tmp_path_factory):
-    return convert_fixture(tmp_path_factory.mktemp("elmo") / "fixture")
 
 
 @pytest.fixture(scope="module")

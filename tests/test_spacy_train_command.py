@@ -21,7 +21,6 @@ from spacy_fixtures import (
     WIDTH,
     convert_fixture,
     run_python,
-    single_threaded_torch,  # noqa: F401 (autouse)
 )
 from thinc.api import Config
 from typer.testing import CliRunner
@@ -30,7 +29,7 @@ from hf_elmo import ElmoModel
 from spacy_elmo.cli import app as elmo_app
 from spacy_elmo.layers import elmo_shim
 
-pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]  # slow: subprocesses and long runs
 
 TEXTS = [
     "The European Commission said on Thursday it disagreed with German advice to consumers.",

@@ -12,8 +12,9 @@
 4. `strip_boundaries`: the `<S>`/`</S>` positions dropped;
 5. `to_docs`: each row's vectors put back at its tokens' places in its Doc's array.
 
-`build_bilm_v1` (`spacy-elmo.ElmoBiLM.v1`) runs the same layers behind the one node, holding the shim, that
-pipelines saved with it have.
+The weights are read in the layer's `init` (`nlp.initialize()`), which sets its dimensions; `ensure_loaded` does
+the same for a pipeline used before `initialize` (`nlp.add_pipe("elmo")` then `nlp(text)`). `spacy-elmo.ElmoBiLM.v1`
+is in `bilm_v1.py`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
-import srsly
 import torch
 from spacy.tokens import Doc
 from thinc.api import ArgsKwargs, Model, PyTorchGradScaler, get_torch_default_device
@@ -33,7 +33,8 @@ from thinc.layers.chain import forward as chain_forward
 from thinc.layers.pytorchwrapper import forward as pytorch_forward
 from thinc.types import Floats3d, Floats4d
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel, runtime
+from hf_elmo.configuration_elmo import integer_problem
 from hf_elmo.runtime import OutOfDeviceMemoryError, halve_on_out_of_memory
 from hf_elmo.text import length_batches
 
@@ -41,6 +42,10 @@ from ..span_getters import SpanGetter
 from ..weights import load_pretrained
 from .pytorch import TorchShim, to_torch, to_xp
 
+NOT_INITIALIZED_ERROR = (
+    "The ELMo biLM layer was used before its weights were read: call `nlp.initialize()` (or `model.initialize()`) "
+    "first, or use it through the `elmo` component, which reads them when first needed."
+)
 NO_WEIGHTS_ERROR = (
     "The ELMo biLM has no weights: its `name` is empty. Give its source: `\"default\"` (the English model shipped "
     "with the package), a directory or a Hub id, e.g. "
@@ -52,17 +57,19 @@ NO_WEIGHTS_ERROR = (
 
 
 class ElmoShim(TorchShim):
-    """A `TorchShim` whose `ElmoModel` can be set after construction (at initialize or first use).
+    """A `TorchShim` whose `ElmoModel` is set after construction (at initialize, from `name`, or by a weights
+    loader). Serialised as `TorchShim` does, its config being the biLM's `ElmoConfig` (msgpack, no pickle), so a
+    pipeline directory holds everything needed to rebuild the biLM without its original source.
 
-    Serialised as the biLM's `ElmoConfig` plus its tensors (msgpack, no pickle), so a pipeline directory holds
-    everything needed to rebuild the biLM without its original source.
-
-    `mixed_precision`: predictions under autocast, bf16 on a CPU (the biLM's opt-in bf16 mode, for CPUs with AMX /
-    AVX512-BF16) and float16 on a GPU; fine-tuning under Thinc's CUDA autocast.
+    `name`: where the weights come from when nothing else gives them (`default`, a published model, a directory or a
+    Hub id; from the config at every load, never saved). `mixed_precision`: predictions under autocast in
+    `hf_elmo.runtime.reduced_precision` (bf16 on a CPU, the biLM's opt-in bf16 mode, for CPUs with AMX /
+    AVX512-BF16); fine-tuning under Thinc's CUDA autocast.
     """
 
-    def __init__(self, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
+    def __init__(self, name: str = "", mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
         super().__init__(None, mixed_precision=mixed_precision, grad_scaler=grad_scaler)
+        self.name = name
         # Token representations and packed LSTM weights kept between the predictions of this biLM.
         self.inference_cache = ElmoInferenceCache()
 
@@ -76,6 +83,8 @@ class ElmoShim(TorchShim):
 
     def set_elmo(self, elmo: ElmoModel) -> None:
         """Use `elmo` (moved to the current Thinc device)."""
+        if not isinstance(elmo, ElmoModel):
+            raise TypeError(f"ELMo weights loaders must return an hf_elmo.ElmoModel, got {type(elmo).__name__}")
         self._model = elmo.to(get_torch_default_device())
         self.inference_cache.clear()
 
@@ -92,9 +101,7 @@ class ElmoShim(TorchShim):
         dropout on inside another's forward. Fine-tuning (`begin_update`) switches it to training mode itself."""
         if self._model.training:
             self._model.eval()
-        device = self.device.type
-        dtype = torch.bfloat16 if device == "cpu" else torch.float16
-        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=self._mixed_precision):
+        with torch.no_grad(), runtime.mixed_precision(self.device, enabled=self._mixed_precision):
             return self._model(*inputs.args, **inputs.kwargs, inference_cache=self.inference_cache)
 
     def finish_update(self, optimizer) -> None:
@@ -110,25 +117,19 @@ class ElmoShim(TorchShim):
         if self._model is not None:
             super().to_device(device_type, device_id)
 
-    def to_bytes(self) -> bytes:
-        if self._model is None:
-            return srsly.msgpack_dumps({"config": None, "state": None})
-        state = {name: tensor.detach().cpu().numpy() for name, tensor in self._model.state_dict().items()}
-        return srsly.msgpack_dumps({"config": self._model.config.to_dict(), "state": state})
+    def _config_to_save(self) -> dict | None:
+        return None if self._model is None else self._model.config.to_dict()
 
-    def from_bytes(self, bytes_data: bytes) -> ElmoShim:
-        msg = srsly.msgpack_loads(bytes_data)
-        if msg["config"] is None:
+    def _restore_config(self, config: dict | None) -> None:
+        """The biLM of a saved config, built on the meta device (no time spent on a random initialisation that the
+        saved tensors overwrite), or none."""
+        self.inference_cache.clear()
+        if config is None:
             self._model = None
-            return self
-        # Built on the meta device: no time spent on a random initialisation that is overwritten at once.
+            return
         with torch.device("meta"):
-            elmo = ElmoModel(ElmoConfig.from_dict(msg["config"]))
-        elmo.to_empty(device=get_torch_default_device())
-        elmo.load_state_dict({name: torch.from_numpy(np.array(array)) for name, array in msg["state"].items()})
-        self.set_elmo(elmo.eval())
-        self._grad_scaler.to_(self.device)
-        return self
+            elmo = ElmoModel(ElmoConfig.from_dict(config))
+        self._model = elmo.to_empty(device=get_torch_default_device()).eval()
 
 
 # -- what flows between the layers --------------------------------------------------------------------------------
@@ -179,13 +180,13 @@ def doc_sentences_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> 
             if tokens:
                 indices = np.fromiter((token.i for token in tokens), dtype="int32", count=len(tokens))
                 sentences.append(Sentence(doc_index, indices, [token.text for token in tokens]))
-    return SentenceBatches([len(doc) for doc in docs], [sentences]), _no_gradient
+    return SentenceBatches([len(doc) for doc in docs], [sentences]), empty_backprop
 
 
 def sentence_batches(max_batch_tokens: int) -> Model[SentenceBatches, SentenceBatches]:
     """Sentences → batches, longest first, of at most `max_batch_tokens` padded positions each."""
-    if max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    if problem := integer_problem(max_batch_tokens, 1):
+        raise ValueError(f"max_batch_tokens {problem}")
     return Model("elmo_sentence_batches", sentence_batches_forward,
                  attrs={"max_batch_tokens": Setting(max_batch_tokens)})
 
@@ -193,30 +194,32 @@ def sentence_batches(max_batch_tokens: int) -> Model[SentenceBatches, SentenceBa
 def sentence_batches_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tuple[SentenceBatches, Callable]:
     sentences = [sentence for batch in rows.batches for sentence in batch]
     batches = length_batches([len(s.words) for s in sentences], model.attrs["max_batch_tokens"].value)
-    return replace(rows, batches=[[sentences[i] for i in batch] for batch in batches]), _no_gradient
+    return replace(rows, batches=[[sentences[i] for i in batch] for batch in batches]), empty_backprop
 
 
 def elmo_torch(
     name: str, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None
 ) -> Model[list[Sentence], Floats4d]:
     """One batch of sentences → its biLM layers (n_layers + 1, rows, positions, width), float32: Thinc's PyTorch
-    wrapper around the `ElmoModel` of an `ElmoShim`, read from `name` on first use if no weights were set or
-    loaded before."""
+    wrapper around the `ElmoModel` of an `ElmoShim` (its weights from `name` unless set or loaded otherwise)."""
     return Model(
         "elmo_torch",
         pytorch_forward,
-        attrs={"convert_inputs": batch_to_torch, "convert_outputs": layers_from_torch, "name": Setting(name)},
-        shims=[ElmoShim(mixed_precision=mixed_precision, grad_scaler=grad_scaler)],
+        init=bilm_init,
+        attrs={"convert_inputs": batch_to_torch, "convert_outputs": layers_from_torch},
+        shims=[ElmoShim(name, mixed_precision=mixed_precision, grad_scaler=grad_scaler)],
     )
 
 
 def batch_to_torch(model: Model, sentences: list[Sentence], is_train: bool) -> tuple[ArgsKwargs, Callable]:
     """The `ElmoBatch` of the sentences' words, on the biLM's device, as the model's keyword arguments."""
-    elmo = bilm_weights(model)
+    elmo = model.shims[0].elmo
+    if elmo is None:
+        raise ValueError(NOT_INITIALIZED_ERROR)
     tokenizer = char_tokenizer(elmo.config.max_characters_per_token)
     # made on the host; the copy to a GPU does not wait for the device to finish what it is doing
     batch = tokenizer.batch([sentence.words for sentence in sentences]).to(model.shims[0].device, non_blocking=True)
-    return ArgsKwargs(args=(), kwargs=dict(batch)), _no_gradient
+    return ArgsKwargs(args=(), kwargs=dict(batch)), empty_backprop
 
 
 def layers_from_torch(model: Model, inputs_outputs: tuple[Any, Any], is_train: bool) -> tuple[Floats4d, Callable]:
@@ -241,7 +244,7 @@ def each_batch_forward(model: Model, rows: SentenceBatches, is_train: bool) -> t
         outputs = [_fine_tuning_pass(layer, batch) for batch in rows.batches]
     else:
         join = partial(_join_rows, model.ops)
-        outputs = [(halve_on_out_of_memory(batch, layer.predict, join, _describe), _no_gradient)
+        outputs = [(halve_on_out_of_memory(batch, layer.predict, join, _describe), empty_backprop)
                    for batch in rows.batches]
 
     def backprop(d_rows: SentenceBatches) -> SentenceBatches:
@@ -341,7 +344,8 @@ def _token_places(batch: list[Sentence], doc_starts: np.ndarray, ops: Any) -> tu
     return ops.asarray_i(row), ops.asarray_i(position), ops.asarray_i(token)
 
 
-def _no_gradient(d_outputs: Any) -> list:
+def empty_backprop(d_outputs: Any) -> list:
+    """The backward of a step without gradient to pass on (its inputs are Docs or settings)."""
     return []
 
 
@@ -360,83 +364,58 @@ def build_bilm(
     mixed_precision: bool = False,
     grad_scaler_config: dict | None = None,
 ) -> Model[list[Doc], list[Floats3d]]:
-    """The biLM layer (`spacy-elmo.ElmoBiLM.v2`); `name` (directory or Hub id) is read only if no weights were set
-    or loaded before use."""
+    """The biLM layer (`spacy-elmo.ElmoBiLM.v2`); its weights are read from `name` (directory or Hub id) when it is
+    initialized, unless set or loaded before."""
     grad_scaler = PyTorchGradScaler(**{"enabled": mixed_precision, **(grad_scaler_config or {})})
     bilm = elmo_torch(name, mixed_precision, grad_scaler)
     layers = [doc_sentences(get_spans), sentence_batches(max_batch_tokens), each_batch(bilm), strip_boundaries(),
               to_docs()]
-    return Model("elmo_bilm", bilm_forward, init=bilm_init, layers=layers, dims={"nO": None, "nL": None},
+    return Model("elmo_bilm", chain_forward, init=bilm_init, layers=layers, dims={"nO": None, "nL": None},
                  refs={"elmo_torch": bilm})
 
 
-def bilm_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
-    """The layers chained, the biLM loaded first (on first use) so that the layer's dimensions are known."""
-    bilm_weights(model)
-    return chain_forward(model, docs, is_train)
-
-
-def build_bilm_v1(layers: Model[list[Doc], list[Floats3d]]) -> Model[list[Doc], list[Floats3d]]:
-    """`spacy-elmo.ElmoBiLM.v1`: the biLM layer `layers` (`build_bilm`'s) behind one node that holds its shim, the
-    structure of the pipelines saved with it (Thinc restores a saved model node by node)."""
-    return Model("elmo_bilm", bilm_v1_forward, init=bilm_init, dims={"nO": None, "nL": None},
-                 attrs={"layers": Setting(layers)}, shims=list(bilm_torch(layers).shims))
-
-
-def bilm_v1_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
-    bilm_weights(model)
-    return model.attrs["layers"].value(docs, is_train)
-
-
-def bilm_torch(model: Model) -> Model:
-    """The `elmo_torch` node of a biLM layer (v1: of the layers behind it), or of a model that holds one."""
-    for node in model.walk():
-        if "layers" in node.attrs and isinstance(node.attrs["layers"], Setting):
-            node = node.attrs["layers"].value.get_ref("elmo_torch")
-        if node.name == "elmo_torch":
-            return node
-    raise ValueError(f"the model '{model.name}' holds no ELMo biLM")
-
-
-def elmo_shim(model: Model) -> ElmoShim:
-    """The `ElmoShim` (the `ElmoModel` in `.elmo`, and the inference cache) of a biLM layer or a model holding one."""
-    return bilm_torch(model).shims[0]
-
-
-def set_bilm_weights(model: Model, elmo: ElmoModel) -> None:
-    """Put `elmo` into the biLM layer `model` and set its dimensions."""
-    if not isinstance(elmo, ElmoModel):
-        raise TypeError(f"ELMo weights loaders must return an hf_elmo.ElmoModel, got {type(elmo).__name__}")
-    bilm_torch(model).shims[0].set_elmo(elmo)
-    _set_dims(model, elmo.config)
-
-
-def bilm_weights(model: Model, component: str = "elmo") -> ElmoModel:
-    """The biLM of the layer `model` (a biLM layer or its `elmo_torch` node), loaded from its `name` on first use
-    if it has none yet."""
-    torch_node = model if model.name == "elmo_torch" else bilm_torch(model)
-    shim: ElmoShim = torch_node.shims[0]
+def bilm_init(model: Model, X: Any = None, Y: Any = None) -> None:
+    """The weights from the shim's `name` unless set or loaded before, and the dimensions they give."""
+    shim = elmo_shim(model)
     if shim.elmo is None:
-        name = torch_node.attrs["name"].value
-        if not name:
-            raise ValueError(NO_WEIGHTS_ERROR.format(component=component))
-        shim.set_elmo(load_pretrained(name))
-    if model is not torch_node:
-        _set_dims(model, shim.elmo.config)
-    return shim.elmo
+        if not shim.name:
+            raise ValueError(NO_WEIGHTS_ERROR.format(component="elmo"))
+        shim.set_elmo(load_pretrained(shim.name))
+    set_dims(model, shim.elmo.config)
 
 
-def _set_dims(model: Model, config: ElmoConfig) -> None:
-    """The biLM layer's dimensions, on its node and the nodes of its layers that declare them."""
-    layers = model.attrs["layers"].value if isinstance(model.attrs.get("layers"), Setting) else model
-    for node in (model, *layers.walk()):
+def set_dims(model: Model, config: ElmoConfig) -> None:
+    """A biLM layer's dimensions, on each of its nodes that declares them."""
+    for node in model.walk():
         if node.has_dim("nO") is not False and node.has_dim("nL") is not False:
             node.set_dim("nO", config.output_dim, force=True)
             node.set_dim("nL", config.num_output_layers, force=True)
 
 
-def bilm_init(model: Model, X: Any = None, Y: Any = None) -> None:
-    bilm_weights(model)
+def elmo_shim(model: Model) -> ElmoShim:
+    """The `ElmoShim` (the `ElmoModel` in `.elmo`, and the inference cache) of a biLM layer or a model holding one."""
+    for node in model.walk():
+        for shim in node.shims:
+            if isinstance(shim, ElmoShim):
+                return shim
+    raise ValueError(f"the model '{model.name}' holds no ELMo biLM")
+
+
+def set_bilm_weights(model: Model, elmo: ElmoModel) -> None:
+    """Put `elmo` into the biLM layer `model` (or a model holding one) and set the dimensions it gives."""
+    elmo_shim(model).set_elmo(elmo)
+    model.initialize()
+
+
+def ensure_loaded(model: Model, component: str = "elmo") -> ElmoModel:
+    """The biLM of `model` (a biLM layer or a model holding one), initialized first if it has no weights yet: for a
+    pipeline used before `nlp.initialize()` (`nlp.add_pipe("elmo")`, then `nlp(text)`)."""
+    shim = elmo_shim(model)
+    if shim.elmo is None:
+        if not shim.name:
+            raise ValueError(NO_WEIGHTS_ERROR.format(component=component))
+        model.initialize()
+    return shim.elmo
 
 
 def standalone_bilm(bilm: Model, freeze: bool = True, grad_factor: float = 1.0) -> Model[list[Doc], list[Floats3d]]:
@@ -460,8 +439,10 @@ def standalone_init(model: Model, X: Any = None, Y: Any = None) -> None:
 
 def standalone_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
     bilm = model.layers[0]
+    if elmo_shim(bilm).elmo is None:  # used before `nlp.initialize()`
+        ensure_loaded(model)
     if model.attrs["freeze"] or not is_train:
-        return bilm.predict(docs), _no_gradient
+        return bilm.predict(docs), empty_backprop
     outputs, backprop_bilm = bilm(docs, is_train)
     grad_factor = model.attrs["grad_factor"]
 

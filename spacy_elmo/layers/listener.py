@@ -16,7 +16,7 @@ from spacy.tokens import Doc
 from thinc.api import Model
 from thinc.types import Floats3d
 
-from .bilm import standalone_bilm
+from .bilm import empty_backprop, standalone_bilm
 
 
 class ElmoListener(Model):
@@ -104,10 +104,6 @@ def _doc_layers(model: ElmoListener, doc: Doc, required: bool) -> np.ndarray:
             "n_layers to n_layers + 1 of the biLM."
         )
     return layers
-
-
-def empty_backprop(d_layers: Any) -> list:
-    return []
 
 
 def replace_listener(model: Model, listener: ElmoListener, elmo: Any) -> Model:

@@ -58,23 +58,38 @@ class TorchShim(PyTorchShim):
         self._grad_scaler.update()
 
     def to_bytes(self) -> bytes:
-        state = {name: tensor.detach().cpu().numpy() for name, tensor in self._model.state_dict().items()}
-        return srsly.msgpack_dumps({"config": self.cfg, "state": srsly.msgpack_dumps(state)})
+        """The module's config (`_config_to_save`) and its tensors as msgpack arrays; never a pickle."""
+        state = None if self._model is None else srsly.msgpack_dumps(
+            {name: tensor.detach().cpu().numpy() for name, tensor in self._model.state_dict().items()})
+        return srsly.msgpack_dumps({"config": self._config_to_save(), "state": state})
 
     def from_bytes(self, bytes_data: bytes) -> TorchShim:
         msg = srsly.msgpack_loads(bytes_data)
-        self.cfg = msg["config"]
+        self._restore_config(msg["config"])
+        if self._model is None:
+            return self
         device = get_torch_default_device()
-        if msg["state"][:4] == TORCH_SAVE_MAGIC:
-            # A pipeline saved before (Thinc's torch.save): torch's weights-only loader reads tensors and nothing else,
-            # without running code.
-            state = torch.load(io.BytesIO(msg["state"]), map_location=device, weights_only=True)
-        else:
-            state = {name: torch.from_numpy(np.array(a)) for name, a in srsly.msgpack_loads(msg["state"]).items()}
-        self._model.load_state_dict(state)
+        self._model.load_state_dict(_saved_state(msg["state"], device))
         self._model.to(device)
         self._grad_scaler.to_(device)
         return self
+
+    def _config_to_save(self) -> Any:
+        """What `from_bytes` needs before the tensors: Thinc's `cfg`."""
+        return self.cfg
+
+    def _restore_config(self, config: Any) -> None:
+        self.cfg = config
+
+
+def _saved_state(state: bytes | dict, device: torch.device) -> dict[str, torch.Tensor]:
+    """A module's tensors as `TorchShim.to_bytes` writes them (msgpack arrays), as the first pipelines of the biLM
+    wrote them (the arrays' dict itself), or as Thinc's `PyTorchShim` did (torch.save, read by torch's weights-only
+    loader: tensors and nothing else, no code run)."""
+    if isinstance(state, bytes) and state[:4] == TORCH_SAVE_MAGIC:
+        return torch.load(io.BytesIO(state), map_location=device, weights_only=True)
+    arrays = srsly.msgpack_loads(state) if isinstance(state, bytes) else state
+    return {name: torch.from_numpy(np.array(array)) for name, array in arrays.items()}
 
 
 def _array(tensor: torch.Tensor) -> Any:

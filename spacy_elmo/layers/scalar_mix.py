@@ -16,6 +16,7 @@ import torch
 from thinc.api import Model
 from thinc.types import Floats2d, Floats3d
 
+from hf_elmo.configuration_elmo import integer_problem
 from hf_elmo.modeling_elmo import scalar_mix as mix_layers
 from hf_elmo.modeling_elmo import scalar_mix_weights
 
@@ -32,8 +33,8 @@ def scalar_mix(
     initial_scalars: Sequence[float] | None = None,
     l2: float = 0.0,
 ) -> Model[list[Floats3d], list[Floats2d]]:
-    if n_layers < 1:
-        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+    if problem := integer_problem(n_layers, 1):
+        raise ValueError(f"n_layers {problem}")
     if initial_scalars is not None and len(initial_scalars) != n_layers:
         raise ValueError(f"{len(initial_scalars)} initial_scalars for n_layers = {n_layers}")
     if not 0.0 <= layer_dropout < 1.0:
