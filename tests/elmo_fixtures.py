@@ -33,6 +33,39 @@ def sentences(path: Path) -> list[list[str]]:
     return json.loads(require(path).read_text())
 
 
+# The saved small biLM of `tiny_model_dir` (conftest.py).
+TINY_CONFIG = dict(char_embedding_dim=4, filters=[[1, 4], [2, 8], [3, 16]], n_highway=1, lstm_dim=32, projection_dim=8)
+
+# Sentences of several lengths for the model tests.
+SENTENCES = [
+    ["The", "bank", "raised", "rates", "."],
+    ["We", "sat", "on", "the", "river", "bank"],
+    ["Hi"],
+    "A much longer sentence that goes on and on with many words in it , doesn't it ?".split(),
+]
+
+
+def run(model, tokenizer, sentences, **kwargs):
+    """The tokenizer's padded batch of `sentences` and the model's outputs for it (with the final state)."""
+    import torch
+
+    encoded = tokenizer(sentences, is_split_into_words=True, padding=True, return_tensors="pt", **kwargs)
+    with torch.no_grad():
+        return encoded, model(**encoded, return_state=True)
+
+
+def direct_layers(model, words: list[str]):
+    """(layers, words, width): the model called on one sentence, `<S>`/`</S>` cut off."""
+    import torch
+
+    from hf_elmo import ElmoCharTokenizer
+
+    encoded = ElmoCharTokenizer()([words], is_split_into_words=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden_states = model(**encoded).hidden_states
+    return torch.stack(hidden_states)[:, 0, 1:-1].numpy()
+
+
 def tiny_config(**overrides):
     """A small random-weight architecture with every feature on (projection, clipping, residual)."""
     from hf_elmo import ElmoConfig

@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import spacy
-import torch
 from elmo_fixtures import ALLENNLP, require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,19 +17,9 @@ DATA = REPO.parent / "shared" / "data"
 WIDTH, N_LAYERS = 32, 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded_torch():
-    """The tiny fixture biLM runs thousands of tiny ops: one thread is fastest, and immune to the stalls of a
-    busy CPU (import this fixture into a test module to use it there)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def convert_fixture(directory: Path) -> Path:
     """The AllenNLP fixture biLM as an `elmo convert` directory."""
-    from hf_elmo.convert import convert
+    from hf_elmo.original_format import convert
 
     return convert(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"), directory)
 

@@ -59,6 +59,19 @@ def test_windows_cut_a_sentence_into_consecutive_slices():
     assert windows(0, 2) == [slice(0, 0)]  # an empty sentence is one empty window
 
 
+def test_length_batches_cover_every_sentence_once_within_the_budget():
+    lengths = [5, 0, 17, 3, 3, 9, 40, 1, 2, 8]
+    batches = length_batches(lengths, batch_tokens=24)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    for batch in batches:
+        width = max(lengths[i] for i in batch) + 2
+        assert len(batch) == 1 or len(batch) * width <= 24
+    # Longest first, so the padding inside a batch is small.
+    flat = [lengths[i] for batch in batches for i in batch]
+    assert flat == sorted(lengths, reverse=True)
+    assert [6] in batches  # the 40-word sentence exceeds the budget: a batch of its own
+
+
 def test_length_batches_go_longest_first_within_the_budget():
     lengths = [3, 10, 1, 7, 0, 7]
     batches = length_batches(lengths, batch_tokens=20)
