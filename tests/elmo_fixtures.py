@@ -33,6 +33,13 @@ def sentences(path: Path) -> list[list[str]]:
     return json.loads(require(path).read_text())
 
 
+# bilm-tf's training test: its toy corpus and vocabulary, and its architecture with 10-character words.
+TOY = FIXTURES / "bilm-tf" / "train"
+TOY_MODEL = json.dumps({
+    "char_embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "activation": "tanh",
+    "n_highway": 1, "lstm_dim": 16, "projection_dim": 8, "max_characters_per_token": 10,
+})
+
 # The saved small biLM of `tiny_model_dir` (conftest.py).
 TINY_CONFIG = dict(char_embedding_dim=4, filters=[[1, 4], [2, 8], [3, 16]], n_highway=1, lstm_dim=32, projection_dim=8)
 
@@ -94,3 +101,37 @@ def run_without_hf_elmo(code: str, *args: str, cwd: Path, env: dict[str, str] | 
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
+
+
+def inject_out_of_memory(monkeypatch, too_big) -> list[tuple[int, int]]:
+    """`ElmoModel.forward` raises CUDA's out-of-memory error for the batches `too_big(input_ids)` says (the device's
+    memory, simulated); returns the (rows, positions) of every call."""
+    import torch
+
+    from hf_elmo import ElmoModel
+
+    forward, calls = ElmoModel.forward, []
+
+    def forward_or_out_of_memory(self, input_ids, *args, **kwargs):
+        calls.append(tuple(input_ids.shape[:2]))
+        if too_big(input_ids):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                              "capacity of 79.19 GiB of which 1.06 GiB is free.\nOf the memory ...")
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(ElmoModel, "forward", forward_or_out_of_memory)
+    return calls
+
+
+def toy_lines() -> list[str]:
+    """The lines of bilm-tf's toy training corpus."""
+    return require(TOY / "data.txt").read_text().splitlines()
+
+
+def toy_batch(vocabulary) -> dict:
+    """The first three lines of the toy corpus as one pretraining batch of `vocabulary`'s word ids."""
+    from hf_elmo import ElmoCharTokenizer
+    from hf_elmo.training import encode_batch, split_line
+
+    segments = [s for line in toy_lines()[:3] for s in split_line(line.split(), None)]
+    return encode_batch(segments, ElmoCharTokenizer(max_characters_per_token=10), vocabulary)

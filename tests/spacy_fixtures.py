@@ -4,6 +4,7 @@ read in place from ../shared/data."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,11 @@ def run_python(script: str | Path, *args: object, timeout: float = 300) -> str:
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     return result.stdout
+
+
+FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
+
+
+def blocks(path: Path, language: str) -> list[str]:
+    """The code of every fenced block of `language` in the Markdown file `path`."""
+    return [code for lang, code in FENCE.findall(path.read_text(encoding="utf-8")) if lang == language]

@@ -448,7 +448,7 @@ def test_embed_sets_the_default_threads_unless_told(tiny_model_dir, tmp_path, mo
 
 
 def test_embed_out_of_device_memory_for_one_sentence_is_one_line(tiny_model_dir, tmp_path, monkeypatch):
-    from test_embed import inject_out_of_memory
+    from elmo_fixtures import inject_out_of_memory
 
     inject_out_of_memory(monkeypatch, lambda ids: ids.shape[1] > 12)  # sentences of up to 10 words fit
     source = tmp_path / "in.txt"

@@ -10,8 +10,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
-from spacy_fixtures import REPO, run_python
-from test_readme import blocks
+from spacy_fixtures import REPO, blocks, run_python
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 

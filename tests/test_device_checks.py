@@ -19,11 +19,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from elmo_fixtures import SENTENCES, require, tiny_config
+from elmo_fixtures import SENTENCES, TOY, TOY_MODEL, require, tiny_config, toy_batch
 from fake_cuda import AVAILABLE as FAKE_CUDA_AVAILABLE
 from fake_cuda import DEVICE, DeviceWatch, FakeCuda, autocast, fake_cuda, real
 from spacy_fixtures import REPO
-from test_training import TOY, TOY_MODEL, toy_batch
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoInferenceCache, ElmoModel
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from elmo_fixtures import ALLENNLP, TINY_CONFIG, direct_layers
+from elmo_fixtures import ALLENNLP, TINY_CONFIG, direct_layers, inject_out_of_memory
 
 from hf_elmo import ElmoConfig, ElmoModel, split_words
 from hf_elmo.embed import ElmoEmbedder, embed_file, embed_file_in_parts, open_writer
@@ -496,22 +496,6 @@ def test_the_progress_bar_advances_within_a_long_line_and_ends_at_the_file_size(
     line = len(" ".join(["word"] * 50)) + 1
     assert all(isinstance(n, int) and n >= 0 for n in updates) and sum(updates) == len(text.encode())
     assert [sum(updates[: i + 1]) for i in range(5)] == [line * k // 5 for k in range(1, 6)]  # window by window
-
-
-def inject_out_of_memory(monkeypatch, too_big) -> list[tuple[int, int]]:
-    """`ElmoModel.forward` raises CUDA's out-of-memory error for the batches `too_big(input_ids)` says (the device's
-    memory, simulated); returns the (rows, positions) of every call."""
-    forward, calls = ElmoModel.forward, []
-
-    def forward_or_out_of_memory(self, input_ids, *args, **kwargs):
-        calls.append(tuple(input_ids.shape[:2]))
-        if too_big(input_ids):
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
-                                              "capacity of 79.19 GiB of which 1.06 GiB is free.\nOf the memory ...")
-        return forward(self, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(ElmoModel, "forward", forward_or_out_of_memory)
-    return calls
 
 
 def test_a_batch_out_of_device_memory_runs_in_halves_with_the_same_vectors(tiny_model, monkeypatch):

@@ -15,18 +15,11 @@ from pathlib import Path
 import pytest
 from elmo_fixtures import ALLENNLP, require
 from file_server import FileServer, published_files
-from spacy_fixtures import REPO
+from spacy_fixtures import REPO, blocks
 
 pytestmark = pytest.mark.slow  # a fresh interpreter per block
 
 DOCUMENTS = [REPO / "README.md", REPO / "docs" / "migrating.md"]
-FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
-
-
-def blocks(path: Path, language: str) -> list[str]:
-    return [code for lang, code in FENCE.findall(path.read_text(encoding="utf-8")) if lang == language]
-
-
 def python_blocks() -> list[tuple[str, str]]:
     return [(f"{path.name}:{index}", code) for path in DOCUMENTS for index, code in enumerate(blocks(path, "python"))]
 

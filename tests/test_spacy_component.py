@@ -350,7 +350,7 @@ def test_a_batch_out_of_device_memory_runs_in_halves_with_the_same_layers(elmo_d
     """The component's biLM batch that the device has no memory for runs in halves (padded back to the batch's
     positions), each Doc's layers those of the run that had the memory; a sentence that does not fit alone is one
     clear error."""
-    from test_embed import inject_out_of_memory
+    from elmo_fixtures import inject_out_of_memory
 
     texts = ["The bank raised rates. We sat on the river bank.", "Hi", "", "A much longer sentence of words here ."]
     nlp = elmo_pipeline(elmo_dir, sentencizer=True)

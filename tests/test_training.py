@@ -19,7 +19,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from elmo_fixtures import FIXTURES, require
+from elmo_fixtures import TOY, TOY_MODEL, require, toy_batch, toy_lines
 from fake_hub import FakeHub
 from huggingface_hub import ModelCard, list_repo_files
 from safetensors.torch import load_file
@@ -53,13 +53,7 @@ from hf_elmo.training.checkpointing import list_checkpoints, remove_partial_chec
 from hf_elmo.training.growth import widen_lstm_cells
 from hf_elmo.training.losses import log_uniform_probability
 
-TOY = FIXTURES / "bilm-tf" / "train"
 REPO = Path(__file__).resolve().parents[1]
-# The architecture of bilm-tf's training test (tests/test_training.py), with its 10-character words.
-TOY_MODEL = json.dumps({
-    "char_embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "activation": "tanh",
-    "n_highway": 1, "lstm_dim": 16, "projection_dim": 8, "max_characters_per_token": 10,
-})
 runner = CliRunner(env={"COLUMNS": "1000"})
 
 
@@ -80,10 +74,6 @@ def one_thread():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-def toy_lines() -> list[str]:
-    return require(TOY / "data.txt").read_text().splitlines()
 
 
 def write_corpus(path: Path, lines: list[str]) -> Path:
@@ -242,11 +232,6 @@ def test_a_data_position_resumes_the_exact_remaining_batches(tmp_path, workers):
 
 
 # -- the objective -----------------------------------------------------------------------------------------------
-
-def toy_batch(vocabulary: WordVocabulary) -> dict[str, torch.Tensor]:
-    segments = [s for line in toy_lines()[:3] for s in split_line(line.split(), None)]
-    return encode_batch(segments, ElmoCharTokenizer(max_characters_per_token=10), vocabulary)
-
 
 def test_the_objective_counts_every_real_target_once_whatever_the_padding():
     vocabulary = WordVocabulary.load(require(TOY / "vocab.txt"))
