@@ -22,7 +22,7 @@ import typer
 from transformers.utils import logging as hf_logging
 from typer.core import TyperCommand
 
-from . import DEFAULT_MODEL_NAME, hub, loading, original_format
+from . import DEFAULT_MODEL_NAME, efml, hub, loading, original_format
 from .configuration_elmo import ElmoConfig
 from .embed import (
     LAYER_MODES,
@@ -154,27 +154,41 @@ def parameter_counts(model: ElmoModel | ElmoForBidirectionalLM) -> dict[str, int
 
 @app.command(cls=ElmoCommand)
 def convert(
-    options_json: Annotated[Path, typer.Argument(help="The original options.json.")],
-    weights_hdf5: Annotated[Path, typer.Argument(help="The original weights .hdf5.")],
-    out_dir: Annotated[Path, typer.Argument(help="Where to write the save_pretrained directory.")],
+    arguments: Annotated[list[Path], typer.Argument(
+        metavar="SOURCE... OUT_DIR",
+        help="SOURCE: the original options.json and weights .hdf5 (bilm-tf / AllenNLP), or an ELMoForManyLangs "
+        "model (its directory, or the .zip the NLPL repository serves). OUT_DIR: where to write the save_pretrained "
+        "directory.",
+    )],
     push_to_hub: Annotated[str | None, typer.Option(
         "--push-to-hub", metavar="ORG/NAME", help="Also upload the directory to this Hub repo (created if needed; "
         "log in first with `hf auth login` or set HF_TOKEN), with the modeling code: others load it with "
         "AutoModel.from_pretrained(ORG/NAME, trust_remote_code=True).")] = None,
     private: Annotated[bool, typer.Option("--private", help="Make a new Hub repo private.")] = False,
 ) -> None:
-    """Convert original ELMo weights (bilm-tf / AllenNLP options.json + .hdf5) into a save_pretrained directory
-    (config, model.safetensors, tokenizer, modeling code, model card). Prints the directory, and the commit's URL
-    with --push-to-hub."""
+    """Convert original ELMo weights (bilm-tf / AllenNLP options.json + .hdf5, or an ELMoForManyLangs model) into a
+    save_pretrained directory (config, model.safetensors, tokenizer, modeling code, model card). Prints the
+    directory, and the commit's URL with --push-to-hub."""
+    if len(arguments) not in (2, 3):
+        raise typer.BadParameter("expected OPTIONS_JSON WEIGHTS_HDF5 OUT_DIR, or MODEL_DIR_OR_ZIP OUT_DIR",
+                                 param_hint="SOURCE... OUT_DIR")
+    *sources, out_dir = arguments
+    if len(sources) == 1 and not efml.is_efml_model(sources[0]):
+        found = "does not exist" if not sources[0].exists() else "is not an ELMoForManyLangs model directory or .zip"
+        raise typer.BadParameter(f"{sources[0]} {found} ({', '.join(efml.MODEL_FILES)}); original bilm-tf / "
+                                 "AllenNLP weights are two files: OPTIONS_JSON WEIGHTS_HDF5", param_hint="SOURCE")
     try:
-        output = original_format.convert(options_json, weights_hdf5, out_dir, progress=True, repo_id=push_to_hub)
+        if len(sources) == 1:
+            output = efml.convert_efml(sources[0], out_dir, repo_id=push_to_hub)
+        else:
+            output = original_format.convert(*sources, out_dir, progress=True, repo_id=push_to_hub)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     typer.echo(output)
     if push_to_hub:
         try:
             commit = hub.push_directory(output, push_to_hub, private=private or None,
-                                        commit_message=f"Upload ELMo biLM converted from {weights_hdf5.name}")
+                                        commit_message=f"Upload ELMo biLM converted from {sources[-1].name}")
         except (OSError, ValueError) as error:  # the Hub's errors (HfHubHTTPError is an OSError), one line
             _fail(f"{output} was written but not uploaded to {push_to_hub}: " + " ".join(str(error).split())[:300])
         typer.echo(commit.commit_url)

@@ -22,6 +22,11 @@ PRESETS: dict[str, dict] = {
 # How `ElmoModel` computes its layers: "kernels" (`hf_elmo.kernels`, the fast forms for the device) or "reference"
 # (each block's own `forward`, the paper's computation written plainly; also what compilers trace).
 IMPLEMENTATIONS = ("kernels", "reference")
+# How characters become ids: "bytes" (UTF-8 bytes and markers: AllenNLP's and bilm-tf's models) or "lexicon" (a table
+# of the characters seen in training, saved with the tokenizer: ELMoForManyLangs' `char.dic`).
+CHARACTER_VOCABULARIES = ("bytes", "lexicon")
+# The byte vocabulary: 261 ids (256 bytes, the sentence and word markers, padding) shifted by one, 0 being padding.
+BYTE_CHARACTERS, BYTE_PADDING_CHAR_ID = 262, 261
 FUSED_LSTM_MODES = ("auto", "always", "never")
 
 AUTO_MAP = {
@@ -88,12 +93,22 @@ class ElmoConfig(PreTrainedConfig):
         filters (`list[list[int]]`): `[width, n_filters]` per convolution bank (`char_cnn.filters`).
         activation (`str`, `"relu"`): `"relu"` or `"tanh"`, applied after max-pooling each bank.
         n_highway (`int`, 2): number of highway layers after the CNN (`char_cnn.n_highway`).
-        n_characters (`int`, 262): rows of the character embedding; 261 byte/marker ids + 1 for padding.
+        n_characters (`int`, 262): rows of the character embedding, row 0 a padding position's: 261 byte/marker ids
+            + 1 with `character_vocabulary="bytes"`, the lexicon's size + 1 with `"lexicon"`.
+        character_vocabulary (`str`, `"bytes"`): how the tokenizer gives character ids: `"bytes"` (UTF-8 bytes and
+            markers, AllenNLP's and bilm-tf's models) or `"lexicon"` (a character table saved with the tokenizer,
+            ELMoForManyLangs' `char.dic`).
+        padding_char_id (`int`, 261): the id that fills a word's slots after its end-of-word character.
+        word_vocab_size (`int`, 0), word_embedding_dim (`int`, 0): a word embedding beside the char CNN (both > 0, or
+            both 0 for none: every model but ELMoForManyLangs'): `word_vocab_size` rows (row 0 a padding position's),
+            each of `word_embedding_dim`, put before the highway output and projected with it.
         max_characters_per_token (`int`, 50): character slots per token, begin/end-of-word markers included.
         lstm_dim (`int`, 4096): LSTM memory cell size (`lstm.dim`).
         projection_dim (`int`, 512): projected hidden state size per direction (`lstm.projection_dim`); also the
             size of the token representation. Every output layer has width `2 * projection_dim`.
         n_layers (`int`, 2): LSTM layers per direction (`lstm.n_layers`).
+        forget_bias (`float`, 1.0): added to the forget gate's pre-activation at run time (TensorFlow's LSTMCell does;
+            0 for LSTMs trained without it, as ELMoForManyLangs').
         cell_clip (`float` or `None`, 3.0): clip the memory cell to `[-cell_clip, cell_clip]`; `None` = no clip.
         proj_clip (`float` or `None`, 3.0): clip the projected hidden state; `None` = no clip.
         use_skip_connections (`bool`, `True`): residual connection around every LSTM layer but the first.
@@ -130,13 +145,18 @@ class ElmoConfig(PreTrainedConfig):
         filters: list[list[int]] | None = None,
         activation: str = "relu",
         n_highway: int = 2,
-        n_characters: int = 262,
+        n_characters: int = BYTE_CHARACTERS,
         max_characters_per_token: int = 50,
+        character_vocabulary: str = "bytes",
+        padding_char_id: int = BYTE_PADDING_CHAR_ID,
+        word_vocab_size: int = 0,
+        word_embedding_dim: int = 0,
         lstm_dim: int = 4096,
         projection_dim: int = 512,
         n_layers: int = 2,
         cell_clip: float | None = 3.0,
         proj_clip: float | None = 3.0,
+        forget_bias: float = 1.0,
         use_skip_connections: bool = True,
         dropout: float = 0.1,
         vocab_size: int | None = None,
@@ -156,6 +176,8 @@ class ElmoConfig(PreTrainedConfig):
             ("n_layers", n_layers, 1, None), ("task_hidden_size", task_hidden_size, 1, None),
             ("max_characters_per_token", max_characters_per_token, 3, MAX_CHARACTERS_PER_TOKEN),
             ("vocab_size", 1 if vocab_size is None else vocab_size, 1, None),
+            ("n_characters", n_characters, 2, None), ("word_vocab_size", word_vocab_size, 0, None),
+            ("word_embedding_dim", word_embedding_dim, 0, None),
         ):
             if problem := integer_problem(value, minimum, maximum):
                 raise ValueError(f"ElmoConfig.{name} {problem}")
@@ -167,11 +189,23 @@ class ElmoConfig(PreTrainedConfig):
         filters = [[int(width), int(count)] for width, count in filters]
         if activation not in ("relu", "tanh"):
             raise ValueError(f"ElmoConfig.activation must be 'relu' or 'tanh', got {activation!r}")
-        if n_characters != 262:
+        if character_vocabulary not in CHARACTER_VOCABULARIES:
+            raise ValueError(f"ElmoConfig.character_vocabulary must be one of {', '.join(CHARACTER_VOCABULARIES)}, got "
+                             f"{character_vocabulary!r}")
+        if character_vocabulary == "bytes" and n_characters != BYTE_CHARACTERS:
             raise ValueError(
-                f"ElmoConfig.n_characters must be 262 (261 character ids + the padding id 0), got {n_characters!r}; "
-                "a training options.json says 261, which `elmo convert` accepts."
+                f"ElmoConfig.n_characters must be {BYTE_CHARACTERS} (261 character ids + the padding id 0) with "
+                f"character_vocabulary='bytes', got {n_characters!r}; a training options.json says 261, which "
+                "`elmo convert` accepts."
             )
+        if character_vocabulary == "bytes" and padding_char_id != BYTE_PADDING_CHAR_ID:
+            raise ValueError(f"ElmoConfig.padding_char_id must be {BYTE_PADDING_CHAR_ID} with "
+                             f"character_vocabulary='bytes', got {padding_char_id!r}")
+        if problem := integer_problem(padding_char_id, 1, n_characters - 1):
+            raise ValueError(f"ElmoConfig.padding_char_id {problem} (a row of the character embedding, not 0)")
+        if (word_vocab_size > 0) != (word_embedding_dim > 0):
+            raise ValueError(f"ElmoConfig.word_vocab_size ({word_vocab_size}) and word_embedding_dim "
+                             f"({word_embedding_dim}) are both > 0 (a word embedding) or both 0 (none)")
         if max(w for w, _ in filters) > max_characters_per_token:
             raise ValueError("ElmoConfig.filters: a filter is wider than max_characters_per_token")
         if projection_dim > lstm_dim:
@@ -180,6 +214,8 @@ class ElmoConfig(PreTrainedConfig):
         if hidden_size is not None and hidden_size != 2 * projection_dim:
             raise ValueError(f"ElmoConfig.hidden_size is the output width 2 * projection_dim ({2 * projection_dim}), "
                              f"got {hidden_size!r}: set projection_dim instead")
+        if isinstance(forget_bias, bool) or not isinstance(forget_bias, (int, float)):
+            raise ValueError(f"ElmoConfig.forget_bias must be a number, got {forget_bias!r}")
         for name, value in (("cell_clip", cell_clip), ("proj_clip", proj_clip)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"ElmoConfig.{name} must be a number >= 0 (0 or null: no clipping), got {value!r}")
@@ -210,12 +246,17 @@ class ElmoConfig(PreTrainedConfig):
         self.n_highway = n_highway
         self.n_characters = n_characters
         self.max_characters_per_token = max_characters_per_token
+        self.character_vocabulary = character_vocabulary
+        self.padding_char_id = padding_char_id
+        self.word_vocab_size = word_vocab_size
+        self.word_embedding_dim = word_embedding_dim
         self.lstm_dim = lstm_dim
         self.projection_dim = projection_dim
         self.n_layers = n_layers
         # 0 means "no clipping" in options.json, as in TensorFlow's LSTMCell.
         self.cell_clip = float(cell_clip) if cell_clip else None
         self.proj_clip = float(proj_clip) if proj_clip else None
+        self.forget_bias = float(forget_bias)
         self.use_skip_connections = use_skip_connections
         self.dropout = dropout
         self.vocab_size = vocab_size
@@ -233,6 +274,11 @@ class ElmoConfig(PreTrainedConfig):
     def n_filters(self) -> int:
         """Total number of CNN filters, the width of the highway layers."""
         return sum(n for _, n in self.filters)
+
+    @property
+    def token_input_dim(self) -> int:
+        """Width of what the projection to the LSTM input reads: the word embedding, then the highway output."""
+        return self.word_embedding_dim + self.n_filters
 
     @property
     def output_dim(self) -> int:

@@ -44,14 +44,16 @@ LayerState = tuple[torch.Tensor, torch.Tensor]
 class CharCnnWeights:
     """What the kernels read of the char CNN (`ElmoCharCNN.weights()`): the parameters themselves, never copies.
 
-    char_embedding (n_characters, char_dim), its row `padding_idx` all zeros; filters: per bank the Conv1d weight
-    (n_filters, char_dim, width) and bias (n_filters,); highway: per layer the (2F, F) weight (transform, then gate)
-    and (2F,) bias; projection: (P, F) weight and (P,) bias, None where F == P; `padding_char_id` fills a word's row
-    after its end-of-word character.
+    char_embedding (n_characters, char_dim), its row `padding_idx` all zeros; word_embedding (word_vocab_size,
+    word_dim) or None (no word embedding); filters: per bank the Conv1d weight (n_filters, char_dim, width) and bias
+    (n_filters,); highway: per layer the (2F, F) weight (transform, then gate) and (2F,) bias; projection: (P,
+    word_dim + F) weight and (P,) bias, None where word_dim + F == P; `padding_char_id` fills a word's row after its
+    end-of-word character.
     """
 
     char_embedding: torch.Tensor
     padding_idx: int
+    word_embedding: torch.Tensor | None
     filters: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     activation: str
     highway: tuple[tuple[torch.Tensor, torch.Tensor], ...]
@@ -59,11 +61,15 @@ class CharCnnWeights:
     padding_char_id: int
 
     @property
+    def n_filters(self) -> int:
+        return sum(weight.shape[0] for weight, _ in self.filters)
+
+    @property
     def output_dim(self) -> int:
-        """Width of a token representation: the projection's, else the number of filters."""
+        """Width of a token representation: the projection's, else the word embedding's and the filters'."""
         if self.projection is not None:
             return self.projection[0].shape[0]
-        return sum(weight.shape[0] for weight, _ in self.filters)
+        return self.n_filters + (0 if self.word_embedding is None else self.word_embedding.shape[1])
 
     @property
     def widest_filter(self) -> int:
@@ -72,7 +78,8 @@ class CharCnnWeights:
     def parameters(self) -> list[torch.Tensor]:
         """Every tensor the token representations depend on."""
         pairs = [*self.filters, *self.highway, *([self.projection] if self.projection is not None else [])]
-        return [self.char_embedding, *(tensor for pair in pairs for tensor in pair)]
+        words = [] if self.word_embedding is None else [self.word_embedding]
+        return [self.char_embedding, *words, *(tensor for pair in pairs for tensor in pair)]
 
 
 @dataclass(frozen=True)
@@ -410,19 +417,25 @@ class ElmoKernels:
 
     # -- the char CNN --------------------------------------------------------------------------------------------
     def token_representations(
-        self, weights: CharCnnWeights, input_ids: torch.Tensor, mask: torch.Tensor
+        self,
+        weights: CharCnnWeights,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        word_input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The char CNN on (batch, positions, chars) ids and their (batch, positions) mask → (batch, positions,
-        output_dim), zeros at padding.
+        """The char CNN on (batch, positions, chars) ids and their (batch, positions) mask (with a word embedding, and
+        (batch, positions) word ids) → (batch, positions, output_dim), zeros at padding.
 
         Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
         needed); with `every_position` every position goes through it, all its character slots: the same values,
-        without shapes that depend on the data (nothing for the host to wait for).
+        without shapes that depend on the data (nothing for the host to wait for). A word embedding joins each
+        position's char-CNN output before the projection.
         """
         if self.every_position:
-            words = input_ids.flatten(0, 1)
-            embedded = self._project(weights, self._convolve(weights, words)).view(*input_ids.shape[:2], -1)
-            return embedded * mask[..., None]
+            embedded = self._after_pooling(weights, self._convolve(weights, input_ids.flatten(0, 1)))
+            if weights.word_embedding is not None:
+                embedded = self._with_words(weights, embedded, word_input_ids.flatten())
+            return embedded.view(*input_ids.shape[:2], -1) * mask[..., None]
         words, inverse = unique_rows(input_ids[mask])
         needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in weights.parameters())
         if self.cache is not None and not needs_grad:
@@ -431,23 +444,28 @@ class ElmoKernels:
             )
         else:
             embedded = self.embed_words(weights, words)
+        embedded = embedded[inverse]
+        if weights.word_embedding is not None:
+            embedded = self._with_words(weights, embedded, word_input_ids[mask])
         output = embedded.new_zeros(*input_ids.shape[:2], weights.output_dim)
-        return output.index_put((mask,), embedded[inverse])
+        return output.index_put((mask,), embedded)
 
     def embed_words(self, weights: CharCnnWeights, char_ids: torch.Tensor) -> torch.Tensor:
-        """(words, chars) ids → (words, output_dim), in chunks of `options.char_cnn_chunk` words.
+        """(words, chars) ids → (words, D), in chunks of `options.char_cnn_chunk` words: the token representations,
+        or with a word embedding the highway's output (`_after_pooling`).
 
         Words are taken shortest first, and the convolutions of a chunk run per group of words of similar length,
         each cut after the character positions its longest word uses: short words do not pay for the long ones. A
         group closes where the length grows once it holds a 32nd of a chunk (fewer, larger matmuls).
         """
         if not len(char_ids):
-            return weights.char_embedding.new_zeros(0, weights.output_dim)
+            width = weights.output_dim if weights.word_embedding is None else weights.n_filters
+            return weights.char_embedding.new_zeros(0, width)
         chunk = self.options.char_cnn_chunk
         used = _used_positions(char_ids, weights.widest_filter, weights.padding_char_id)
         group = chunk // 32  # the words a group holds before it may close
         if len(char_ids) <= group:  # one group (e.g. one sentence): nothing to sort
-            return self._project(weights, self._convolve(weights, char_ids[:, : int(used.max())]))
+            return self._after_pooling(weights, self._convolve(weights, char_ids[:, : int(used.max())]))
         used, order = used.sort(stable=True)
         char_ids, representations = char_ids[order], []
         for chunk_start in range(0, len(used), chunk):
@@ -459,7 +477,7 @@ class ElmoKernels:
                 if end - start >= group or run == len(widths) - 1:
                     pooled.append(self._convolve(weights, char_ids[start:end, :width]))
                     start = end
-            representations.append(self._project(weights, torch.cat(pooled)))
+            representations.append(self._after_pooling(weights, torch.cat(pooled)))
         return torch.cat(representations)[order.argsort()]
 
     def _convolve(self, weights: CharCnnWeights, char_ids: torch.Tensor) -> torch.Tensor:
@@ -477,13 +495,23 @@ class ElmoKernels:
             pooled.append(activation(scores.amax(dim=1) + self.weight(bias)))
         return torch.cat(pooled, dim=-1)
 
-    def _project(self, weights: CharCnnWeights, pooled: torch.Tensor) -> torch.Tensor:
-        """(words, n_filters) → (words, output_dim): the highway layers, then the projection."""
+    def _after_pooling(self, weights: CharCnnWeights, pooled: torch.Tensor) -> torch.Tensor:
+        """(words, n_filters) → the highway layers, then the projection (words, output_dim); with a word embedding
+        the highway's output (words, n_filters), projected by `_with_words`."""
         x = pooled
         for weight, bias in weights.highway:
             transform, carry = self.linear(x, weight, bias).chunk(2, dim=-1)
             gate = torch.sigmoid(carry)
             x = gate * F.relu(transform) + (1 - gate) * x
+        if weights.word_embedding is not None or weights.projection is None:
+            return x
+        return self.linear(x, *weights.projection)
+
+    def _with_words(self, weights: CharCnnWeights, highway: torch.Tensor, word_ids: torch.Tensor) -> torch.Tensor:
+        """(tokens, n_filters) highway outputs and their (tokens,) word ids → (tokens, output_dim): each word's vector
+        before its highway output, projected."""
+        words = self.in_compute_dtype(F.embedding(word_ids, weights.word_embedding, 0))
+        x = torch.cat([words, highway.to(words.dtype)], dim=-1)
         return x if weights.projection is None else self.linear(x, *weights.projection)
 
     # -- the biLSTM ----------------------------------------------------------------------------------------------

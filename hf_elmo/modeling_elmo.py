@@ -35,11 +35,6 @@ from .configuration_elmo import ElmoConfig
 from .kernels import CharCnnWeights, ElmoInferenceCache, ElmoKernels, LayerState, LstmWeights
 from .text import remove_sentence_boundaries
 
-# TensorFlow's LSTMCell adds this to the forget gate at run time; it is not part of the stored bias.
-FORGET_BIAS = 1.0
-# Character id that fills a word's row after its end-of-word character (bilm-tf's 260, shifted by one).
-PADDING_CHAR_ID = 261
-
 # (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
 # direction 0 is the forward LM, 1 the backward LM.
 ElmoState = tuple[torch.Tensor, torch.Tensor]
@@ -127,28 +122,35 @@ class ElmoHighway(nn.Module):
 class ElmoCharCNN(nn.Module):
     """The context-independent token representation: each word's characters embedded, convolved by filter banks of
     several widths, max-pooled over positions and activated, then highway layers and a projection to the LSTM input
-    width."""
+    width. A model with a word embedding (`config.word_embedding_dim`, ELMoForManyLangs') puts the word's vector
+    before the highway output, and projects both."""
 
     def __init__(self, config: ElmoConfig):
         super().__init__()
         self.char_embedding = nn.Embedding(config.n_characters, config.char_embedding_dim, padding_idx=0)
+        self.word_embedding = (nn.Embedding(config.word_vocab_size, config.word_embedding_dim, padding_idx=0)
+                               if config.word_embedding_dim else None)
+        self.padding_char_id = config.padding_char_id
         self.convs = nn.ModuleList(
             nn.Conv1d(config.char_embedding_dim, n_filters, kernel_size=width) for width, n_filters in config.filters
         )
         self.activation = config.activation
         self.highway = ElmoHighway(config.n_filters, config.n_highway)
         # bilm-tf projects only when the CNN width differs from the LSTM input width.
-        self.projection = (
-            nn.Linear(config.n_filters, config.projection_dim) if config.n_filters != config.projection_dim else None
-        )
+        width = config.token_input_dim
+        self.projection = nn.Linear(width, config.projection_dim) if width != config.projection_dim else None
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(batch, positions, chars) ids and (batch, positions) bool mask → (batch, positions, projection_dim), zeros
-        at padding."""
+    def forward(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, word_input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(batch, positions, chars) ids, (batch, positions) bool mask and, with a word embedding, (batch, positions)
+        word ids → (batch, positions, projection_dim), zeros at padding."""
         chars = self.char_embedding(input_ids.flatten(0, 1)).transpose(1, 2)  # (words, char_dim, chars)
         activation = torch.tanh if self.activation == "tanh" else F.relu
         pooled = torch.cat([activation(conv(chars).amax(dim=-1)) for conv in self.convs], dim=-1)  # (words, F)
         token = self.highway(pooled)
+        if self.word_embedding is not None:
+            token = torch.cat([self.word_embedding(word_input_ids.flatten()), token], dim=-1)
         if self.projection is not None:
             token = self.projection(token)
         return token.view(*input_ids.shape[:2], -1) * mask[..., None]
@@ -158,11 +160,12 @@ class ElmoCharCNN(nn.Module):
         return CharCnnWeights(
             char_embedding=self.char_embedding.weight,
             padding_idx=self.char_embedding.padding_idx,
+            word_embedding=None if self.word_embedding is None else self.word_embedding.weight,
             filters=tuple((conv.weight, conv.bias) for conv in self.convs),
             activation=self.activation,
             highway=tuple((layer.weight, layer.bias) for layer in self.highway.layers),
             projection=None if self.projection is None else (self.projection.weight, self.projection.bias),
-            padding_char_id=PADDING_CHAR_ID,
+            padding_char_id=self.padding_char_id,
         )
 
 
@@ -173,7 +176,8 @@ class ElmoLstmLayer(nn.Module):
     """One LSTM layer with projection for both directions, weights stacked on a leading direction axis.
 
     Gate blocks are in TensorFlow's order (input, candidate, forget, output), as in the original weights;
-    the forget gate gets `FORGET_BIAS` added to its bias at run time.
+    the forget gate gets `config.forget_bias` added to its bias at run time (TensorFlow's LSTMCell adds 1; it is not
+    part of the stored bias).
     """
 
     def __init__(self, input_dim: int, config: ElmoConfig):
@@ -188,6 +192,7 @@ class ElmoLstmLayer(nn.Module):
         self.projection_weight = nn.Parameter(torch.empty(2, hidden, cell)) if hidden < cell else None
         self.cell_clip = config.cell_clip
         self.proj_clip = config.proj_clip if hidden < cell else None
+        self.forget_bias = config.forget_bias
 
     def forward(
         self, inputs: torch.Tensor, mask: torch.Tensor, state: LayerState
@@ -221,7 +226,7 @@ class ElmoLstmLayer(nn.Module):
     def weights(self) -> LstmWeights:
         """The parameters, as the kernels read them."""
         return LstmWeights(self.input_weight, self.recurrent_weight, self.bias, self.projection_weight,
-                           self.cell_clip, self.proj_clip, FORGET_BIAS)
+                           self.cell_clip, self.proj_clip, self.forget_bias)
 
 
 # `ElmoKernels.lstm`'s form: (layer's weights, inputs, mask, state, return_state) → (outputs, final state or None).
@@ -487,6 +492,7 @@ class ElmoModel(ElmoPreTrainedModel):
         attention_mask: torch.Tensor | None,
         lengths: Sequence[int] | None,
         initial_state: ElmoState | None,
+        word_input_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[int] | None]:
         """Check the inputs; return the (batch, positions) bool mask and its row lengths on the host (None when
         traced). `lengths` given (an `ElmoBatch`'s) are trusted: the values are not read back from the device."""
@@ -502,6 +508,11 @@ class ElmoModel(ElmoPreTrainedModel):
             )
         if lengths is not None and len(lengths) != input_ids.shape[0]:
             raise ValueError(f"lengths must give one length per row ({input_ids.shape[0]}), got {len(lengths)}")
+        if self.config.word_embedding_dim and (
+                word_input_ids is None or tuple(word_input_ids.shape) != tuple(input_ids.shape[:2])):
+            found = None if word_input_ids is None else tuple(word_input_ids.shape)
+            raise ValueError(f"this biLM reads word ids beside the characters: word_input_ids of shape "
+                             f"{tuple(input_ids.shape[:2])} (its tokenizer gives them), got {found}")
         mask = (input_ids > 0).any(dim=-1) if attention_mask is None else attention_mask.bool()
         if initial_state is not None:
             expected_h, expected_c = (s.shape for s in self.bilstm.zero_state(input_ids.shape[0], mask))
@@ -517,13 +528,17 @@ class ElmoModel(ElmoPreTrainedModel):
         # The ids' range, whether a padding position precedes a real one, and the row lengths, read back at once: on
         # a GPU the host waits for the device once per call (an `ElmoBatch` brings its lengths: no wait at all).
         ids = input_ids.flatten() if input_ids.numel() else input_ids.new_zeros(1)
+        words = ids.new_zeros(1) if word_input_ids is None or not word_input_ids.numel() else word_input_ids.flatten()
         misplaced_padding = (mask[:, 1:] & ~mask[:, :-1]).any()
-        low, high, misplaced, *found_lengths = torch.cat(
-            [ids.amin().view(1).long(), ids.amax().view(1).long(), misplaced_padding.view(1).long(),
-             mask.sum(dim=1)]).tolist()
+        low, high, word_low, word_high, misplaced, *found_lengths = torch.cat(
+            [ids.amin().view(1).long(), ids.amax().view(1).long(), words.amin().view(1).long(),
+             words.amax().view(1).long(), misplaced_padding.view(1).long(), mask.sum(dim=1)]).tolist()
         if low < 0 or high >= self.config.n_characters:
             raise ValueError(f"character ids must lie in [0, {self.config.n_characters}), found [{low}, {high}]: were "
                              "they made by ElmoCharTokenizer?")
+        if word_input_ids is not None and (word_low < 0 or word_high >= max(self.config.word_vocab_size, 1)):
+            raise ValueError(f"word ids must lie in [0, {self.config.word_vocab_size}), found [{word_low}, "
+                             f"{word_high}]: were they made by this model's ElmoCharTokenizer?")
         if misplaced:
             raise ValueError("every row must be padded on the right: a padding position precedes a real one")
         return mask, found_lengths
@@ -538,6 +553,7 @@ class ElmoModel(ElmoPreTrainedModel):
         output_hidden_states: bool | None = None,
         inference_cache: ElmoInferenceCache | None = None,
         lengths: Sequence[int] | None = None,
+        word_input_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> ElmoModelOutput:
         """
@@ -557,14 +573,16 @@ class ElmoModel(ElmoPreTrainedModel):
             lengths (`Sequence[int]`, optional): the real positions of each row, on the host (an `ElmoBatch` gives
                 them: `model(**batch)`). The mask is then never read back from the device, and rows that come
                 longest first are not sorted again.
+            word_input_ids (`torch.LongTensor` of shape `(batch, positions)`): the word ids of a model with a word
+                embedding (`config.word_embedding_dim`, ELMoForManyLangs'); its tokenizer gives them.
         """
-        mask, lengths = self._validate(input_ids, attention_mask, lengths, initial_state)
+        mask, lengths = self._validate(input_ids, attention_mask, lengths, initial_state, word_input_ids)
         if self.config.implementation == "reference" or torch.compiler.is_compiling():
-            token_repr = self.char_cnn(input_ids, mask)
+            token_repr = self.char_cnn(input_ids, mask, word_input_ids)
             recurrence = None
         else:
             kernels = ElmoKernels(self.config.kernels(), input_ids, lengths, inference_cache)
-            token_repr = kernels.token_representations(self.char_cnn.weights(), input_ids, mask)
+            token_repr = kernels.token_representations(self.char_cnn.weights(), input_ids, mask, word_input_ids)
             recurrence = kernels.lstm
         token_layer = torch.cat([token_repr, token_repr], dim=-1)  # layer 0, as wide as the biLSTM layers
         layers, final_state = self.bilstm(token_layer, mask, initial_state, return_state, recurrence)
@@ -639,12 +657,13 @@ class ElmoForBidirectionalLM(ElmoPreTrainedModel):
         return_state: bool = False,
         output_hidden_states: bool | None = None,
         lengths: Sequence[int] | None = None,
+        word_input_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> ElmoBidirectionalLMOutput:
         """`labels` as in the class docstring; the other arguments as in `ElmoModel.forward`."""
         outputs, forward_states, backward_states = self.lm_states(
             input_ids, attention_mask, initial_state=initial_state, return_state=return_state,
-            output_hidden_states=output_hidden_states, lengths=lengths,
+            output_hidden_states=output_hidden_states, lengths=lengths, word_input_ids=word_input_ids,
         )
         forward_logits = self.softmax(forward_states)
         backward_logits = self.softmax(backward_states)
@@ -720,11 +739,12 @@ class ElmoWithScalarMixes(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         lengths: Sequence[int] | None = None,
+        word_input_ids: torch.Tensor | None = None,
     ) -> ElmoRepresentations:
-        """(batch, positions, chars) ids with `<S>`/`</S>` rows (and `ElmoModel.forward`'s `attention_mask` and
-        `lengths`, e.g. `wrapper(**batch)` for an `ElmoBatch`) → `ElmoRepresentations`."""
+        """(batch, positions, chars) ids with `<S>`/`</S>` rows (and `ElmoModel.forward`'s `attention_mask`,
+        `lengths` and `word_input_ids`, e.g. `wrapper(**batch)` for an `ElmoBatch`) → `ElmoRepresentations`."""
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
-            outputs = self.elmo(input_ids, attention_mask, lengths=lengths)
+            outputs = self.elmo(input_ids, attention_mask, lengths=lengths, word_input_ids=word_input_ids)
         layers, mask = outputs.hidden_states, outputs.attention_mask
         if not self.keep_sentence_boundaries:
             stripped = [remove_sentence_boundaries(layer, mask)[0] for layer in layers]
@@ -760,11 +780,13 @@ class _ElmoTaskModel(ElmoPreTrainedModel):
             self.elmo.eval()
         return self
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """(batch, positions, chars) → the task encoder's states (batch, positions, 2 * task_hidden_size), the
-        mask (batch, positions) and the biLM layers."""
+    def encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, word_input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """(batch, positions, chars) (and the word ids of a model with a word embedding) → the task encoder's states
+        (batch, positions, 2 * task_hidden_size), the mask (batch, positions) and the biLM layers."""
         with torch.set_grad_enabled(not self.config.freeze_elmo and torch.is_grad_enabled()):
-            outputs = self.elmo(input_ids, attention_mask)
+            outputs = self.elmo(input_ids, attention_mask, word_input_ids=word_input_ids)
         layers, mask = outputs.hidden_states, outputs.attention_mask
         mixed = self.dropout(self.scalar_mix(layers, mask))
         lengths = mask.sum(dim=1).clamp(min=1).cpu()
@@ -803,9 +825,10 @@ class ElmoForTokenClassification(_ElmoTaskModel):
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        word_input_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> TokenClassifierOutput:
-        states, _, layers = self.encode(input_ids, attention_mask)
+        states, _, layers = self.encode(input_ids, attention_mask, word_input_ids)
         logits = self.classifier(states)  # (batch, positions, num_labels)
         loss = None
         if labels is not None:
@@ -832,9 +855,10 @@ class ElmoForSequenceClassification(_ElmoTaskModel):
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        word_input_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> SequenceClassifierOutput:
-        states, mask, layers = self.encode(input_ids, attention_mask)
+        states, mask, layers = self.encode(input_ids, attention_mask, word_input_ids)
         real = mask[..., None]
         maximum = states.masked_fill(~real, torch.finfo(states.dtype).min).amax(dim=1)
         mean = (states * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)

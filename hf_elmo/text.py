@@ -232,28 +232,33 @@ class ElmoBatch(Mapping):
 
     A mapping of the model's inputs, so `model(**batch)` runs it: `input_ids` (batch, positions, chars) character
     ids, `attention_mask` (batch, positions) bool, and `lengths`, the positions of each row on the host (the model
-    then never reads the mask back from the device, and skips sorting rows that come longest first). `rows` is what
-    each row is to its caller (a sentence's index and first word, a Doc's tokens, a training line's ends), kept in
-    order and never read here.
+    then never reads the mask back from the device, and skips sorting rows that come longest first); for a model
+    with a word embedding, `word_input_ids` (batch, positions). `rows` is what each row is to its caller (a
+    sentence's index and first word, a Doc's tokens, a training line's ends), kept in order and never read here.
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     lengths: tuple[int, ...]
     rows: tuple[Any, ...] = ()
+    word_input_ids: torch.Tensor | None = None
 
     @classmethod
-    def from_char_ids(cls, input_ids: Any, lengths: Sequence[int], rows: Sequence[Any] = ()) -> ElmoBatch:
+    def from_char_ids(
+        cls, input_ids: Any, lengths: Sequence[int], rows: Sequence[Any] = (), word_input_ids: Any = None
+    ) -> ElmoBatch:
         """The batch of `input_ids` (batch, positions, chars) (a NumPy array or a tensor) whose row i has
-        `lengths[i]` real positions (boundaries included)."""
+        `lengths[i]` real positions (boundaries included), and its `word_input_ids` (batch, positions), if any."""
         input_ids = torch.as_tensor(input_ids)
         positions = torch.arange(input_ids.shape[1])
         attention_mask = positions < torch.tensor(list(lengths), dtype=torch.long).view(-1, 1)
-        return cls(input_ids, attention_mask, tuple(int(n) for n in lengths), tuple(rows))
+        words = None if word_input_ids is None else torch.as_tensor(word_input_ids)
+        return cls(input_ids, attention_mask, tuple(int(n) for n in lengths), tuple(rows), words)
 
     # -- the model's inputs -------------------------------------------------------------------------------------
     def keys(self) -> tuple[str, ...]:
-        return ("input_ids", "attention_mask", "lengths")
+        inputs = ("input_ids", "attention_mask", "lengths")
+        return inputs if self.word_input_ids is None else (*inputs, "word_input_ids")
 
     def __getitem__(self, key: str) -> Any:
         if key not in self.keys():
@@ -283,10 +288,14 @@ class ElmoBatch(Mapping):
         return remove_sentence_boundaries(tensor, self.attention_mask.to(tensor.device))[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> ElmoBatch:
+        words = self.word_input_ids
         return ElmoBatch(self.input_ids.to(device, non_blocking=non_blocking),
-                         self.attention_mask.to(device, non_blocking=non_blocking), self.lengths, self.rows)
+                         self.attention_mask.to(device, non_blocking=non_blocking), self.lengths, self.rows,
+                         None if words is None else words.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> ElmoBatch:
         """The batch in page-locked memory (DataLoader's `pin_memory=True`), so `to(cuda, non_blocking=True)` is
         asynchronous."""
-        return ElmoBatch(self.input_ids.pin_memory(), self.attention_mask.pin_memory(), self.lengths, self.rows)
+        words = self.word_input_ids
+        return ElmoBatch(self.input_ids.pin_memory(), self.attention_mask.pin_memory(), self.lengths, self.rows,
+                         None if words is None else words.pin_memory())

@@ -1,13 +1,23 @@
 """Character tokenizer of ELMo: words → (words, max_characters_per_token) character ids.
 
-The ids are exactly those of AllenNLP's `ELMoCharacterMapper` and bilm-tf's `Batcher`: a word is its
-UTF-8 bytes between begin-of-word and end-of-word markers, filled with a padding character, every id
-shifted by +1 so that an all-zero row means "no token here" (a padding position).
+Two character vocabularies (`ElmoConfig.character_vocabulary`):
+
+- bytes: exactly the ids of AllenNLP's `ELMoCharacterMapper` and bilm-tf's `Batcher`: a word is its UTF-8 bytes
+  between begin-of-word and end-of-word markers, filled with a padding character;
+- lexicon (ELMoForManyLangs' models): a word is its characters looked up in the model's character table (`<oov>`
+  for one it lacks), cut to `max_characters_per_token - 2` characters, between its `<bow>` and `<eow>` entries,
+  filled with `<pad>`; the sentence boundaries are the words `<bos>` and `<eos>`, each one table entry; and the
+  word itself is looked up in the model's word table (`word_input_ids`).
+
+Every id is shifted by +1 so that an all-zero row (word id 0) means "no token here" (a padding position).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import json
+import os
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -46,6 +56,89 @@ def _char_ids(chars: bytes | tuple[int, ...], max_characters_per_token: int) -> 
     return tuple(_ID_OBJECTS[i + 1] for i in ids)
 
 
+class Lexicon:
+    """ELMoForManyLangs' tables of a model (`char.dic` / `word.dic` as its reader builds them: entry → id), looked
+    up a whole batch at a time: characters through a dense table indexed by code point, words through the dict's
+    lookup mapped over the batch in C; the ids shifted by +1 (0: a padding position)."""
+
+    MARKERS = ("<bow>", "<eow>", "<oov>", "<pad>", "<bos>", "<eos>")
+
+    def __init__(self, entries: Mapping[str, int], characters: bool):
+        self.entries = {str(key): int(value) for key, value in entries.items()}
+        needed = self.MARKERS if characters else ("<oov>", "<pad>")
+        missing = [marker for marker in needed if marker not in self.entries]
+        if missing:
+            kind = "character" if characters else "word"
+            raise ValueError(f"the {kind} lexicon lacks {', '.join(missing)}: not an ELMoForManyLangs lexicon")
+        self.oov = self.entries["<oov>"] + 1
+        self.size = max(self.entries.values()) + 2  # the table's rows, the padding row 0 included
+        self._entry_by_id: dict[int, str] | None = None
+        if characters:
+            singles = {ord(key): value + 1 for key, value in self.entries.items() if len(key) == 1}
+            self._by_code_point = np.full(max(singles, default=0) + 2, self.oov, dtype=np.int64)
+            self._by_code_point[list(singles)] = list(singles.values())
+
+    def characters(self, code_points: np.ndarray) -> np.ndarray:
+        """(n,) code points → (n,) ids."""
+        table = self._by_code_point
+        return table[np.minimum(code_points, len(table) - 1)]
+
+    def words(self, words: Sequence[str]) -> np.ndarray:
+        """(n,) words → (n,) ids."""
+        ids = np.fromiter(map(self.entries.get, words, itertools.repeat(self.oov - 1)), dtype=np.int64,
+                          count=len(words))
+        return ids + 1
+
+    def __getitem__(self, entry: str) -> int:
+        return self.entries[entry] + 1
+
+    def text(self, entry_id: int) -> str | None:
+        """The entry of an id (+1 scheme), None for 0."""
+        if self._entry_by_id is None:
+            self._entry_by_id = {value + 1: key for key, value in self.entries.items()}
+        return self._entry_by_id.get(entry_id)
+
+
+def _read_lexicon(path: str | os.PathLike) -> dict[str, int]:
+    """A lexicon file as `save_vocabulary` writes it: a JSON object of entry → id."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            entries = json.load(file)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: not a readable lexicon ({error})") from None
+    if not isinstance(entries, dict) or not all(isinstance(i, int) and i >= 0 for i in entries.values()):
+        raise ValueError(f"{path}: a lexicon is a JSON object of entry -> id (an integer >= 0)")
+    return entries
+
+
+def _lexicon_rows(words: Sequence[str], chars: Lexicon, max_characters_per_token: int) -> tuple[np.ndarray, list]:
+    """ELMoForManyLangs' character rows of `words` (n, max_characters_per_token), and the words as its reader looks
+    them up (cut to `max_characters_per_token - 2` characters). Its reader gives the first slot `<eow>`'s id and the
+    end-of-word slot `<bow>`'s (it unpacks them swapped): so do these. The words `<bos>` and `<eos>` are their
+    one-entry rows."""
+    width = max_characters_per_token - 2
+    n = len(words)
+    lengths = np.fromiter(map(len, words), dtype=np.int64, count=n)
+    cut = [int(i) for i in np.flatnonzero(lengths > width)]
+    words = list(words)
+    for i in cut:  # only the words longer than the slots
+        words[i] = words[i][:width]
+    kept = np.minimum(lengths, width)
+    code_points = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    starts = np.cumsum(kept) - kept
+    word = np.repeat(np.arange(n), kept)
+    position = np.arange(len(code_points)) - np.repeat(starts, kept)
+    rows = np.full((n, max_characters_per_token), chars["<pad>"], dtype=np.int64)
+    rows[:, 0] = chars["<eow>"]
+    rows[word, position + 1] = chars.characters(code_points.astype(np.int64))
+    rows[np.arange(n), kept + 1] = chars["<bow>"]
+    for marker in ("<bos>", "<eos>"):
+        found = np.flatnonzero(np.fromiter(map(marker.__eq__, words), dtype=bool, count=n))
+        rows[found, 1:] = chars["<pad>"]
+        rows[found, 1], rows[found, 2] = chars[marker], chars["<bow>"]
+    return rows, words
+
+
 class ElmoCharTokenizer(PreTrainedTokenizer):
     r"""
     ELMo character tokenizer. Returns `input_ids` of shape `(batch, words, max_characters_per_token)` and an
@@ -68,20 +161,25 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
             strings inside the input are encoded as boundaries too (AllenNLP's behaviour).
         pad_token (`str`, `"<pad>"`), unk_token (`str`, `"<UNK>"`): pseudo tokens for HF tooling; characters
             never go out of vocabulary.
+        char_lexicon_file, word_lexicon_file (`str`, optional): a lexicon model's tables (JSON, entry → id as
+            ELMoForManyLangs' `char.dic` / `word.dic` give them, saved with the tokenizer); the boundaries are then
+            `<bos>`/`<eos>`, and `word_input_ids` come beside `input_ids` when there is a word table.
     """
 
-    vocab_files_names: dict[str, str] = {}
+    vocab_files_names = {"char_lexicon_file": "char_lexicon.json", "word_lexicon_file": "word_lexicon.json"}
     model_input_names = ["input_ids", "attention_mask"]
     padding_side = "right"
 
     def __init__(
         self,
         max_characters_per_token: int = 50,
-        bos_token: str = "<S>",
-        eos_token: str = "</S>",
+        bos_token: str | None = None,
+        eos_token: str | None = None,
         pad_token: str = "<pad>",
-        unk_token: str = "<UNK>",
+        unk_token: str | None = None,
         word_tokenizer: str | None = None,
+        char_lexicon_file: str | os.PathLike | None = None,
+        word_lexicon_file: str | os.PathLike | None = None,
         **kwargs,
     ):
         if not 3 <= max_characters_per_token <= MAX_CHARACTERS_PER_TOKEN:
@@ -89,9 +187,19 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
                              f"{MAX_CHARACTERS_PER_TOKEN}, got {max_characters_per_token!r}")
         if kwargs.get("padding_side", "right") != "right":
             raise ValueError("ElmoCharTokenizer pads on the right only")
+        if word_lexicon_file is not None and char_lexicon_file is None:
+            raise ValueError("a word lexicon goes with a character lexicon (ELMoForManyLangs' models have both)")
         self.max_characters_per_token = max_characters_per_token
         check_word_tokenizer(word_tokenizer)
         self.word_tokenizer = word_tokenizer
+        self.char_lexicon = None if char_lexicon_file is None else Lexicon(_read_lexicon(char_lexicon_file), True)
+        self.word_lexicon = None if word_lexicon_file is None else Lexicon(_read_lexicon(word_lexicon_file), False)
+        lexicon = self.char_lexicon is not None
+        bos_token = bos_token or ("<bos>" if lexicon else "<S>")
+        eos_token = eos_token or ("<eos>" if lexicon else "</S>")
+        unk_token = unk_token or ("<oov>" if lexicon else "<UNK>")
+        if self.word_lexicon is not None:
+            self.model_input_names = [*self.model_input_names, "word_input_ids"]
         super().__init__(
             max_characters_per_token=max_characters_per_token,
             word_tokenizer=word_tokenizer,
@@ -104,7 +212,11 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
 
     @classmethod
     def for_model(cls, config) -> ElmoCharTokenizer:
-        """The tokenizer matching an `ElmoConfig`: its `max_characters_per_token` and recorded `word_tokenizer`."""
+        """The tokenizer matching an `ElmoConfig`: its `max_characters_per_token` and recorded `word_tokenizer`
+        (a lexicon model's tokenizer holds its tables: load it from the model's directory)."""
+        if getattr(config, "character_vocabulary", "bytes") != "bytes":
+            raise ValueError("this biLM reads characters through a lexicon saved with its tokenizer: load the "
+                             "tokenizer from the model's directory or Hub id (ElmoCharTokenizer.from_pretrained)")
         return cls(
             max_characters_per_token=config.max_characters_per_token,
             word_tokenizer=getattr(config, "word_tokenizer", None),
@@ -119,42 +231,68 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         return dict(self.added_tokens_encoder)
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, ...]:
-        return ()
+        """A lexicon model's tables (`char_lexicon.json`, `word_lexicon.json`); none for the byte vocabulary."""
+        saved = []
+        for key, lexicon in (("char_lexicon_file", self.char_lexicon), ("word_lexicon_file", self.word_lexicon)):
+            if lexicon is not None:
+                name = (f"{filename_prefix}-" if filename_prefix else "") + self.vocab_files_names[key]
+                path = os.path.join(save_directory, name)
+                with open(path, "w", encoding="utf-8") as file:
+                    json.dump(lexicon.entries, file, ensure_ascii=False, indent=0)
+                saved.append(path)
+        return tuple(saved)
 
     def _tokenize(self, text: str, **kwargs) -> list[str]:
         return split_into_words(text, self.word_tokenizer)
 
     # -- encoding -----------------------------------------------------------------------------------------
     def word_to_char_ids(self, word: str) -> tuple[int, ...]:
-        """The `max_characters_per_token` ids (+1 scheme) of one word; `<S>`/`</S>` give the boundary rows."""
-        return _word_char_ids(word, str(self.bos_token), str(self.eos_token), self.max_characters_per_token)
+        """The `max_characters_per_token` ids (+1 scheme) of one word; the boundary words give the boundary rows."""
+        return tuple(self.encode_words([word])[0][0].tolist())
 
-    def batch_char_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
-        """The ids of a batch of word lists as the biLM reads them, `<S>` and `</S>` rows added: int64
-        (sentences, longest + 2, max_characters_per_token), rows of zeros after each sentence's `</S>`.
-
-        Each distinct word's row is made once and the batch gathered from them in one NumPy operation (a per-word
-        assignment made this 10x slower, the larger part of a training batch's preparation)."""
+    def encode_words(self, words: Sequence[str]) -> tuple[np.ndarray, np.ndarray | None]:
+        """(n,) words → their character rows int64 (n, max_characters_per_token), and their word ids (n,) where the
+        model has a word table (else None). Each distinct word's byte row is made once; a lexicon's rows are made in
+        one NumPy pass."""
+        if self.char_lexicon is not None:
+            rows, looked_up = _lexicon_rows(words, self.char_lexicon, self.max_characters_per_token)
+            return rows, None if self.word_lexicon is None else self.word_lexicon.words(looked_up)
         bos, eos, chars = str(self.bos_token), str(self.eos_token), self.max_characters_per_token
-        distinct = {bos: 0, eos: 1}  # a word's index into the rows; "<S>" / "</S>" given as words are the boundaries
-        positions = []
-        for words in sentences:
-            positions.append(0)
-            positions.extend(distinct.setdefault(word, len(distinct)) for word in words)
-            positions.append(1)
+        distinct: dict[str, int] = {}  # a word's index into the rows
+        positions = [distinct.setdefault(word, len(distinct)) for word in words]
         rows = np.array([_word_char_ids(word, bos, eos, chars) for word in distinct], dtype=np.int64)
+        return rows.reshape(-1, chars)[positions], None
+
+    def batch_ids(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray | None]:
+        """The ids of a batch of word lists as the biLM reads them, boundary rows added: character ids int64
+        (sentences, longest + 2, max_characters_per_token), zeros after each sentence's end, and for a model with a
+        word table its word ids (sentences, longest + 2), zeros there too (else None). The batch is gathered from
+        the rows of `encode_words` in one NumPy operation (a per-word assignment made this 10x slower, the larger
+        part of a training batch's preparation)."""
+        bos, eos, chars = str(self.bos_token), str(self.eos_token), self.max_characters_per_token
+        rows, word_ids = self.encode_words([word for words in sentences for word in (bos, *words, eos)])
         lengths = np.array([len(words) + 2 for words in sentences], dtype=np.int64)
         width = int(lengths.max(initial=2))
+        real = np.arange(width) < lengths[:, None]
         ids = np.zeros((len(sentences), width, chars), dtype=np.int64)
-        ids[np.arange(width) < lengths[:, None]] = rows[positions]  # row-major: the order of `positions`
-        return ids
+        ids[real] = rows  # row-major: the order of the words
+        if word_ids is None:
+            return ids, None
+        words = np.zeros((len(sentences), width), dtype=np.int64)
+        words[real] = word_ids
+        return ids, words
+
+    def batch_char_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
+        """The character ids of `batch_ids`."""
+        return self.batch_ids(sentences)[0]
 
     def batch(self, sentences: Sequence[Sequence[str]], rows: Sequence[Any] = ()) -> ElmoBatch:
         """The `ElmoBatch` of a batch of word lists (`rows`: what each sentence is to the caller)."""
         for words in sentences:
             if isinstance(words, str) or not all(isinstance(word, str) for word in words):
                 raise TypeError(f"each sentence must be a list of str (its words), got {words!r:.60}")
-        return ElmoBatch.from_char_ids(self.batch_char_ids(sentences), [len(words) + 2 for words in sentences], rows)
+        ids, word_ids = self.batch_ids(sentences)
+        return ElmoBatch.from_char_ids(ids, [len(words) + 2 for words in sentences], rows, word_ids)
 
     def _sentence_words(self, text: Any, is_split_into_words: bool) -> list[str]:
         if is_split_into_words:
@@ -215,15 +353,19 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         word_ids = [[None, *keep, None] if add_special_tokens else list(keep) for keep in kept]
         if spans is not None:
             features["offset_mapping"] = [[(0, 0), *s, (0, 0)] if add_special_tokens else s for s in spans]
+        if self.word_lexicon is not None:
+            features["word_input_ids"] = []
         for words in sentences:
-            rows = [list(self.word_to_char_ids(w)) for w in words]
-            special = [0] * len(rows)
+            special = [0] * len(words)
             if add_special_tokens:
-                rows = [list(self.word_to_char_ids(str(self.bos_token))), *rows,
-                        list(self.word_to_char_ids(str(self.eos_token)))]
+                words = [str(self.bos_token), *words, str(self.eos_token)]
                 special = [1, *special, 1]
+            rows, word_input_ids = self.encode_words(words)
+            rows = rows.tolist()
             features["input_ids"].append(rows)
             features["attention_mask"].append([1] * len(rows))
+            if word_input_ids is not None:
+                features["word_input_ids"].append(word_input_ids.tolist())
             if return_special_tokens_mask:
                 features["special_tokens_mask"].append(special)
         if return_token_type_ids:  # one segment: all zeros, as tokenizers of single-sentence models give
@@ -344,6 +486,11 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
     # -- decoding -----------------------------------------------------------------------------------------
     def char_ids_to_word(self, char_ids: Any) -> str | None:
         """The word of one row of character ids; `None` for a padding position."""
+        if self.char_lexicon is not None:
+            lexicon, ids = self.char_lexicon, [int(i) for i in char_ids if int(i) > 0]
+            markers = {lexicon[m] for m in ("<bow>", "<eow>", "<pad>")}
+            entries = [lexicon.text(i) or "" for i in ids if i not in markers]
+            return None if not ids else "".join(entries)
         raw = [int(i) - 1 for i in char_ids if int(i) > 0]
         if not raw:
             return None

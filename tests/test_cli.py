@@ -47,7 +47,7 @@ def test_version():
 @pytest.mark.parametrize("command,usage", [
     ("embed", "embed [OPTIONS] [MODEL] INPUT OUTPUT"), ("info", "info [OPTIONS] [MODEL]"),
     ("build-vocab", "build-vocab [OPTIONS] FILES..."),
-    ("convert", "convert [OPTIONS] OPTIONS_JSON WEIGHTS_HDF5 OUT_DIR"),
+    ("convert", "convert [OPTIONS] SOURCE... OUT_DIR"),
 ])
 def test_help_shows_usage_as_typed_and_no_types_for_flags_or_argument_lists(command, usage):
     result = run(command, "--help")

@@ -115,6 +115,30 @@ def test_a_gpu_forward_of_a_batch_waits_for_nothing(tokenizer, dtype):
 
 
 @on_fake_cuda
+def test_a_gpu_forward_of_a_model_with_a_word_embedding_waits_for_nothing(tokenizer):
+    """ELMoForManyLangs' architecture (a word embedding beside the char CNN, no forget bias): its batch's word ids
+    travel with the characters, and the forward waits for nothing."""
+    import dataclasses
+
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None, word_vocab_size=9, word_embedding_dim=3,
+                                  forget_bias=0.0)).eval()
+    batch = tokenizer.batch(SENTENCES)
+    words = torch.randint(1, 9, batch.attention_mask.shape) * batch.attention_mask
+    batch = dataclasses.replace(batch, word_input_ids=words)
+    with torch.no_grad():
+        reference = model(**batch).hidden_states
+    with DeviceWatch() as watch, torch.no_grad():
+        fake_cuda(model)
+        on_device = batch.to(DEVICE)
+        with watch.recording():
+            output = model(**on_device, inference_cache=ElmoInferenceCache()).hidden_states
+    assert watch.syncs == [] and watch.transfers == [], [str(e) for e in watch.syncs]
+    for layer, expected in zip(real(output), reference):
+        assert (layer - expected).abs().max() <= 1e-5
+
+
+@on_fake_cuda
 def test_a_clipped_model_on_a_gpu_sorts_its_rows_once_per_call_without_waiting(tokenizer):
     """A clipped biLM takes the exact step loop on a GPU, which needs rows longest first: rows given in another order
     are sorted by an index copied once per call (and one that puts them back), for every layer, without a wait."""

@@ -138,22 +138,26 @@ def test_the_kernels_char_cnn_is_the_blocks_convolution_max_pool_and_activation(
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("clip", [True, False])
-def test_the_kernels_compute_the_blocks_reference_forward(tokenizer, clip):
+@pytest.mark.parametrize("architecture", ["clipped", "unclipped", "words"])
+def test_the_kernels_compute_the_blocks_reference_forward(tokenizer, architecture):
     """`implementation="kernels"` (the default) and `"reference"` (each block's own `forward`) give the same layers,
-    final states and gradients: rows out of order, an empty row, a carried state, clipped or not."""
+    final states and gradients: rows out of order, an empty row, a carried state, clipped or not, and with
+    ELMoForManyLangs' word embedding (no forget bias)."""
     torch.manual_seed(0)
-    clips = {} if clip else {"cell_clip": None, "proj_clip": None}
-    model = ElmoModel(tiny_config(**clips)).eval()  # no dropout; gradients still flow
+    settings = {"clipped": {}, "unclipped": {"cell_clip": None, "proj_clip": None},
+                "words": {"word_vocab_size": 9, "word_embedding_dim": 3, "forget_bias": 0.0}}[architecture]
+    model = ElmoModel(tiny_config(**settings)).eval()  # no dropout; gradients still flow
     input_ids, attention_mask = _with_empty_row(
         tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt"))
+    words = torch.randint(1, 9, attention_mask.shape) * attention_mask if architecture == "words" else None
     h0, c0 = model.bilstm.zero_state(len(input_ids), attention_mask.float())
     initial_state = (torch.randn_like(h0), torch.randn_like(c0))
     results = {}
     for implementation in ("kernels", "reference"):
         model.config.implementation = implementation
         model.zero_grad()
-        output = model(input_ids, attention_mask, initial_state=initial_state, return_state=True)
+        output = model(input_ids, attention_mask, initial_state=initial_state, return_state=True,
+                       word_input_ids=words)
         sum(layer.square().sum() for layer in output.hidden_states).backward()
         results[implementation] = output, [p.grad.clone() for p in model.parameters()]
     (kernels, kernels_grads), (reference, reference_grads) = results["kernels"], results["reference"]

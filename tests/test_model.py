@@ -218,6 +218,10 @@ def test_config_validation():
         ElmoConfig(n_characters=261)
     with pytest.raises(ValueError, match="filters"):
         ElmoConfig(filters=[])
+    with pytest.raises(ValueError, match=r"padding_char_id must be an integer >= 1 and <= 9"):
+        ElmoConfig(character_vocabulary="lexicon", n_characters=10, padding_char_id=10)
+    with pytest.raises(ValueError, match=r"word_vocab_size \(5\) and word_embedding_dim \(0\) are both > 0"):
+        ElmoConfig(word_vocab_size=5)
     assert ElmoConfig(cell_clip=0, proj_clip=None).cell_clip is None  # 0 = no clipping, as in options.json
 
 
@@ -226,7 +230,9 @@ def test_config_validation():
     ("projection_dim", -8), ("projection_dim", True), ("n_layers", 0), ("char_embedding_dim", 0),
     ("max_characters_per_token", 2), ("vocab_size", 0), ("filters", [[1, "32"]]), ("filters", [[0, 32]]),
     ("filters", "[[1, 32]]"), ("filters", [[1, 32, 3]]), ("cell_clip", -1.0), ("proj_clip", "3"),
-    ("use_skip_connections", "yes"), ("dropout", 1.0), ("dropout", -0.1),
+    ("use_skip_connections", "yes"), ("dropout", 1.0), ("dropout", -0.1), ("character_vocabulary", "utf8"),
+    ("n_characters", 1), ("word_vocab_size", -1), ("word_embedding_dim", 2.0), ("forget_bias", "1"),
+    ("padding_char_id", 0),
 ])
 def test_every_config_field_is_validated_with_a_message_naming_it(tmp_path, field, value):
     with pytest.raises(ValueError, match=rf"ElmoConfig\.{field} "):

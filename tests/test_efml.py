@@ -1,0 +1,174 @@
+"""ELMoForManyLangs' models: read from their own format (a directory or the .zip the NLPL repository serves),
+converted exactly (held against `elmoformanylangs`' own `Embedder` on a random model made by its own classes), its
+`Embedder` API, and its tokenizer conventions."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from efml_fixtures import SENTENCES, make_efml_model, their_embedder
+from typer.testing import CliRunner
+
+from hf_elmo import ElmoCharTokenizer, ElmoModel
+from hf_elmo.cli import app
+from hf_elmo.efml import Embedder, is_efml_model, load_efml, read_dic
+
+TOLERANCE = 1e-5
+OUTPUT_LAYERS = (-1, 0, 1, 2, -2)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_elmoformanylangs():
+    """Its package logs every model's structure at INFO."""
+    logging.getLogger("elmoformanylangs").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def efml_dir(tmp_path_factory) -> Path:
+    return make_efml_model(tmp_path_factory.mktemp("efml") / "xx.model")
+
+
+@pytest.fixture(scope="module")
+def theirs(efml_dir):
+    return their_embedder(efml_dir)
+
+
+def assert_same(ours: list[np.ndarray], expected: list[np.ndarray]) -> float:
+    assert len(ours) == len(expected)
+    worst = 0.0
+    for a, b in zip(ours, expected, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype == np.float32
+        worst = max(worst, float(np.abs(a - b).max(initial=0.0)))
+    assert worst <= TOLERANCE
+    return worst
+
+
+@pytest.mark.parametrize("output_layer", OUTPUT_LAYERS)
+def test_its_embedder_and_ours_give_the_same_vectors_from_its_directory(efml_dir, theirs, output_layer):
+    """Every `output_layer`, on sentences of several scripts (Latin, Cyrillic, CJK, Arabic) with characters and words
+    outside the lexicons, words longer than the character slots, `<bos>`/`<eos>` given as words and one-word
+    sentences; batches of 3 (its batching, shuffled; every sentence from the zero state)."""
+    sentences = [s for s in SENTENCES if s] if output_layer == -1 else SENTENCES  # its -1 fails on empty ones
+    expected = theirs.sents2elmo(sentences, output_layer=output_layer)
+    assert max(float(np.abs(x).max(initial=0.0)) for x in expected) > 1.0  # weights that matter
+    assert_same(Embedder(efml_dir, batch_size=3).sents2elmo(sentences, output_layer=output_layer), expected)
+
+
+def test_the_converted_directory_the_zip_and_the_reference_blocks_give_the_same_vectors(efml_dir, theirs, tmp_path):
+    """`elmo convert DIR OUT` and `elmo convert ZIP OUT` (the model in a folder of the archive, as NLPL's are) write
+    a save_pretrained directory that gives its vectors, through the kernels and through the reference blocks."""
+    archive = tmp_path / "179.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for file in efml_dir.iterdir():
+            zipped.write(file, f"zh.model/{file.name}")
+    assert is_efml_model(efml_dir) and is_efml_model(archive) and not is_efml_model(tmp_path)
+    expected = theirs.sents2elmo(SENTENCES, output_layer=-2)
+    runner = CliRunner()
+    for source in (efml_dir, archive):
+        out = tmp_path / f"converted-{source.name}"
+        result = runner.invoke(app, ["convert", str(source), str(out)])
+        assert result.exit_code == 0, result.output
+        assert {"config.json", "model.safetensors", "char_lexicon.json", "word_lexicon.json"} <= {
+            p.name for p in out.iterdir()}
+        assert_same(Embedder(out).sents2elmo(SENTENCES, output_layer=-2), expected)
+    model = ElmoModel.from_pretrained(out, implementation="reference").eval()
+    tokenizer = ElmoCharTokenizer.from_pretrained(out)
+    assert tokenizer.model_input_names == ["input_ids", "attention_mask", "word_input_ids"]
+    batch = tokenizer.batch(SENTENCES)
+    with torch.no_grad():
+        layers = torch.stack(model(**batch).hidden_states)  # (layers, sentences, positions, width)
+    reference = [layers[:, i, 1 : len(words) + 1].numpy() for i, words in enumerate(SENTENCES)]
+    assert_same(reference, expected)
+    # transformers' own path: the tokenizer's encodings, padded, give the word ids too.
+    encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        through_call = torch.stack(model(**encoded).hidden_states)
+    torch.testing.assert_close(through_call, layers, rtol=0, atol=1e-6)
+
+
+def test_its_lexicons_are_read_as_its_reader_does(efml_dir):
+    chars = read_dic(efml_dir / "char.dic")
+    assert chars["\u3000"] == len(chars) - 1  # the line holding a space and an id
+    assert chars["<pad>"] == 1 and read_dic(efml_dir / "word.dic")["bank"] == 5
+
+
+def test_the_tokenizer_gives_its_character_and_word_ids(efml_dir, theirs):
+    """Its batcher's ids (its `<bow>`/`<eow>` ids swapped as its reader swaps them, words cut to the slots, `<oov>`),
+    +1, for the same words; and the same ids whatever the batch."""
+    from elmoformanylangs.elmo import read_list
+    from elmoformanylangs.frontend import create_one_batch
+
+    _, tokenizer = load_efml(efml_dir)
+    sentences = [s for s in SENTENCES if s]
+    data, _ = read_list(sentences, 10)
+    for sentence, words in zip(data, sentences, strict=True):
+        word_ids, char_ids, _, _ = create_one_batch([sentence], theirs.word_lexicon, theirs.char_lexicon,
+                                                    theirs.config, sort=False)
+        ours = tokenizer.batch([words])
+        np.testing.assert_array_equal(ours.input_ids[0].numpy(), char_ids[0].numpy() + 1)
+        np.testing.assert_array_equal(ours.word_input_ids[0].numpy(), word_ids[0].numpy() + 1)
+    alone = tokenizer.batch([sentences[4]])
+    together = tokenizer.batch(sentences)
+    np.testing.assert_array_equal(together.input_ids[4, : alone.lengths[0]], alone.input_ids[0])
+    assert tokenizer.decode(alone.input_ids[0]) == "<bos> supercal xxxxxxxx ab <eos>"
+
+
+def test_a_pickle_that_needs_more_than_tensors_is_refused_and_never_run(efml_dir, tmp_path):
+    """The .pkl files are read with torch's weights-only loader: anything else is one line, and nothing runs."""
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    broken = tmp_path / "broken.model"
+    shutil.copytree(efml_dir, broken)
+    with open(broken / "encoder.pkl", "wb") as file:
+        pickle.dump({"weights": Payload()}, file, protocol=2)  # torch.save's protocol
+    result = CliRunner().invoke(app, ["convert", str(broken), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "encoder.pkl holds more than tensors and is not loaded" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not marker.exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "char.dic").unlink(), "is not an ELMoForManyLangs model directory or .zip"),
+    (lambda d: (d / "config.json").write_text("{}"), "config.json is not an ELMoForManyLangs model's"),
+    (lambda d: (d / "cnn_test.json").unlink(), "its configuration cnn_test.json is neither in the model's directory"),
+    (lambda d: (d / "word.dic").write_text("no tab here\n"), "word.dic:1: expected an entry and its id"),
+    (lambda d: (d / "token_embedder.pkl").write_bytes(b"junk"), "token_embedder.pkl"),
+])
+def test_a_broken_model_fails_in_one_line(efml_dir, tmp_path, damage, message):
+    broken = tmp_path / "broken.model"
+    shutil.copytree(efml_dir, broken)
+    damage(broken)
+    result = CliRunner().invoke(app, ["convert", str(broken), str(tmp_path / "out")])
+    assert result.exit_code in (1, 2) and message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+
+
+def test_output_layer_is_checked(efml_dir):
+    with pytest.raises(ValueError, match="output_layer must be -1 .* or a layer 0..2, got 3"):
+        Embedder(efml_dir).sents2elmo([["a"]], output_layer=3)
+    assert Embedder(efml_dir).sents2elmo([[]], output_layer=-1)[0].shape == (0, 16)  # its own fails here
+
+
+def test_elmo_embed_runs_a_converted_model_as_its_embedder(efml_dir, theirs, tmp_path):
+    """Its command line's average output, `elmo embed` of the converted directory: one line per sentence."""
+    out = tmp_path / "converted"
+    assert CliRunner().invoke(app, ["convert", str(efml_dir), str(out)]).exit_code == 0
+    sentences = [s for s in SENTENCES if s and "\u3000" not in s]  # whitespace-split lines
+    (tmp_path / "in.txt").write_text("".join(" ".join(s) + "\n" for s in sentences), encoding="utf-8")
+    result = CliRunner().invoke(app, ["embed", str(out), str(tmp_path / "in.txt"), str(tmp_path / "out.npy"),
+                                      "--tokenized", "--layers", "average", "-q"])
+    assert result.exit_code == 0, result.output
+    vectors, offsets = np.load(tmp_path / "out.npy"), np.load(tmp_path / "out.offsets.npy")
+    embedded = [vectors[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+    assert_same(embedded, theirs.sents2elmo(sentences, output_layer=-1))
