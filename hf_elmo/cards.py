@@ -43,6 +43,7 @@ representations"), packaged for Hugging Face `transformers` with the `elmo` proj
 | | |
 |---|---|
 | character CNN | {n_filters} filters {filters}, {activation}, char embedding {char_embedding_dim} |
+| word embedding | {word_embedding} |
 | highway layers | {n_highway} |
 | token representation | {projection_dim} |
 | biLSTM | {n_layers} layers per direction, cell {lstm_dim}, projection {projection_dim} |
@@ -52,9 +53,8 @@ representations"), packaged for Hugging Face `transformers` with the `elmo` proj
 | word softmax | {softmax} |
 | parameters | {n_parameters:,} |
 
-Input: every word is its UTF-8 bytes (at most {max_word_bytes}) between begin/end-of-word markers,
-{max_characters_per_token} character ids per word; `<S>` and `</S>` rows frame every sentence. Every sentence
-starts from the zero LSTM state, so its vectors do not depend on the rest of its batch.
+Input: {input_text} Every sentence starts from the zero LSTM state, so its vectors do not depend on the rest of its
+batch.
 
 ## Usage with transformers
 
@@ -80,7 +80,7 @@ With the `spacy-elmo` package installed:
 ```python
 import spacy
 
-nlp = spacy.blank("en")
+nlp = spacy.blank("{spacy_lang}")
 nlp.add_pipe("elmo", config={{"model": {{"name": "{repo_id}"}}}})
 doc = nlp("The bank of the river.")
 doc._.elmo_layers  # ({num_output_layers}, n_tokens, {output_dim})
@@ -97,7 +97,7 @@ the paper. It is not a text generator.
 - The vectors are best for text like the training text (see the source of the weights), split into words the same
   way{word_tokenizer_note}; other languages, domains and registers (code, social media, transcripts) get weaker
   ones.
-- Words are cut to their first {max_word_bytes} UTF-8 bytes. Every sentence is read alone, from the zero state: no
+- Words are cut to their first {max_word_length}. Every sentence is read alone, from the zero state: no
   context crosses a sentence boundary, and a very long sentence costs time linear in its length.
 - Inference is float32; bf16 or fp16 autocast is faster and changes the vectors slightly.
 
@@ -151,7 +151,12 @@ def build_model_card(
         source=source.strip(),
         repo_id=repo_id,
         n_parameters=n_parameters,
-        max_word_bytes=config.max_characters_per_token - 2,
+        max_word_length=f"{config.max_characters_per_token - 2} " + (
+            "UTF-8 bytes" if config.character_vocabulary == "bytes" else "characters"),
+        input_text=_input_text(config),
+        word_embedding=(f"{config.word_vocab_size - 1:,} words x {config.word_embedding_dim}, beside the char CNN"
+                        if config.word_embedding_dim else "none"),
+        spacy_lang=tokenizer_language or "en",
         n_filters=config.n_filters,
         output_dim=config.output_dim,
         num_output_layers=config.num_output_layers,
@@ -164,6 +169,18 @@ def build_model_card(
         )},
     )
     return ModelCard(text)
+
+
+def _input_text(config: ElmoConfig) -> str:
+    """How a sentence becomes the biLM's input, for the card."""
+    slots = config.max_characters_per_token
+    if config.character_vocabulary == "bytes":
+        return (f"every word is its UTF-8 bytes (at most {slots - 2}) between begin/end-of-word markers, {slots} "
+                "character ids per word; `<S>` and `</S>` rows frame every sentence.")
+    words = " and the word itself is looked up in the word lexicon" if config.word_embedding_dim else ""
+    return (f"every word is its characters (at most {slots - 2}) looked up in the model's character lexicon (`<oov>` "
+            f"for others) between `<bow>` and `<eow>`, {slots} character ids per word{words} (ELMoForManyLangs' "
+            "conventions; the tokenizer holds the lexicons); `<bos>` and `<eos>` rows frame every sentence.")
 
 
 def model_card(

@@ -22,7 +22,7 @@ import typer
 from transformers.utils import logging as hf_logging
 from typer.core import TyperCommand
 
-from . import DEFAULT_MODEL_NAME, efml, hub, loading, original_format
+from . import DEFAULT_MODEL_NAME, efml_format, hub, loading, original_format
 from .configuration_elmo import ElmoConfig
 from .embed import (
     LAYER_MODES,
@@ -132,8 +132,8 @@ def _load_model(name: str, config: ElmoConfig) -> ElmoModel | ElmoForBidirection
 
 
 def parameter_counts(model: ElmoModel | ElmoForBidirectionalLM) -> dict[str, int]:
-    """Parameters per part of the biLM: char embedding + CNN, highway, projection, each biLSTM layer, softmax
-    (only for `ElmoForBidirectionalLM`) and the total."""
+    """Parameters per part of the biLM: char embedding + CNN, the word embedding (ELMoForManyLangs' models), highway,
+    projection, each biLSTM layer, softmax (only for `ElmoForBidirectionalLM`) and the total."""
     elmo = model.elmo if isinstance(model, ElmoForBidirectionalLM) else model
     cnn = elmo.char_cnn
 
@@ -142,6 +142,7 @@ def parameter_counts(model: ElmoModel | ElmoForBidirectionalLM) -> dict[str, int
 
     counts = {
         "char embedding + CNN": size(cnn.char_embedding, cnn.convs),
+        **({"word embedding": size(cnn.word_embedding)} if cnn.word_embedding is not None else {}),
         "highway": size(cnn.highway),
         "projection": size(cnn.projection),
         **{f"biLSTM layer {index + 1}": size(layer) for index, layer in enumerate(elmo.bilstm.layers)},
@@ -173,13 +174,13 @@ def convert(
         raise typer.BadParameter("expected OPTIONS_JSON WEIGHTS_HDF5 OUT_DIR, or MODEL_DIR_OR_ZIP OUT_DIR",
                                  param_hint="SOURCE... OUT_DIR")
     *sources, out_dir = arguments
-    if len(sources) == 1 and not efml.is_efml_model(sources[0]):
+    if len(sources) == 1 and not efml_format.is_efml_model(sources[0]):
         found = "does not exist" if not sources[0].exists() else "is not an ELMoForManyLangs model directory or .zip"
-        raise typer.BadParameter(f"{sources[0]} {found} ({', '.join(efml.MODEL_FILES)}); original bilm-tf / "
+        raise typer.BadParameter(f"{sources[0]} {found} ({', '.join(efml_format.MODEL_FILES)}); original bilm-tf / "
                                  "AllenNLP weights are two files: OPTIONS_JSON WEIGHTS_HDF5", param_hint="SOURCE")
     try:
         if len(sources) == 1:
-            output = efml.convert_efml(sources[0], out_dir, repo_id=push_to_hub)
+            output = efml_format.convert_efml(sources[0], out_dir, repo_id=push_to_hub)
         else:
             output = original_format.convert(*sources, out_dir, progress=True, repo_id=push_to_hub)
     except (OSError, ValueError, ImportError) as error:

@@ -4,8 +4,9 @@ weights loaders all name a model the same way, load it through `load_model`, and
 
 A model name is one of:
 - `"default"`: the English biLM shipped inside the package (`DEFAULT_MODEL`), offline;
-- a published ELMo model (`PUBLISHED_MODELS`: `original`, `original-5.5b`, `medium`, `small`, `pubmed`):
-  downloaded from AllenNLP's URLs and converted on first use, then read from the Hugging Face cache (also offline);
+- a published ELMo model (`PUBLISHED_MODELS`: `original`, `original-5.5b`, `medium`, `small`, `pubmed`, and
+  ELMoForManyLangs' `efml-<language>`, e.g. `efml-de`): downloaded from AllenNLP's URLs or the NLPL repository and
+  converted on first use, then read from the Hugging Face cache (also offline);
 - a `save_pretrained` directory (written by `elmo convert`, `elmo pretrain` or `save_pretrained`);
 - a Hugging Face Hub id `org/name`: downloaded once, then read from the Hugging Face cache (also offline).
 
@@ -32,7 +33,14 @@ from transformers.utils import logging as transformers_logging
 
 from .configuration_elmo import ElmoConfig
 from .modeling_elmo import ElmoModel
-from .published import PUBLISHED_MODELS, PublishedModelError, published_model, published_name
+from .published import (
+    ALLENNLP_MODELS,
+    PUBLISHED_MODELS,
+    PublishedModelError,
+    names_text,
+    published_model,
+    published_name,
+)
 from .tokenization_elmo import ElmoCharTokenizer
 
 # The English biLM shipped inside the package (see its README.md), a save_pretrained directory, and its name.
@@ -73,7 +81,7 @@ def resolve_model(name: str | os.PathLike, revision: str | None = None, weights:
     when the Hub is offline."""
     if not str(name).strip():
         raise ModelLoadError("no model given: name `default` (the English model shipped with the package), a "
-                             f"published model ({', '.join(PUBLISHED_MODELS)}), a save_pretrained directory or a "
+                             f"published model ({names_text()}), a save_pretrained directory or a "
                              "Hub id (org/name)")
     location = Path(model_location(name)).expanduser()
     if location.is_dir():
@@ -101,7 +109,7 @@ def check_model_name(name: str | os.PathLike) -> None:
         return
     close = difflib.get_close_matches(text, MODEL_NAMES, n=1)
     raise ModelLoadError(
-        f"unknown model {text!r}: not a directory, nor one of {', '.join(MODEL_NAMES)}"
+        f"unknown model {text!r}: not a directory, nor {DEFAULT_MODEL_NAME}, {names_text()}"
         + (f" (did you mean {close[0]!r}?)" if close else "") + "; a Hub model is named org/name"
     )
 
@@ -211,7 +219,7 @@ def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLik
         return load_model(published)
     if any(str(path).startswith(("http://", "https://")) for path in (options_file, weight_file)):
         raise ModelLoadError(f"{options_file} and {weight_file} are not a published model's URLs "
-                             f"({', '.join(PUBLISHED_MODELS)}): download them and give the files")
+                             f"({', '.join(ALLENNLP_MODELS)}): download them and give the files")
     from .original_format import model_from_original
 
     return model_from_original(options_file, weight_file)

@@ -1,5 +1,7 @@
-"""The published ELMo biLMs by name: AllenNLP's `options.json` + `weights.hdf5` pairs, downloaded on first use,
-converted once, then read offline from the Hugging Face cache.
+"""The published ELMo biLMs by name, downloaded on first use, converted once, then read offline from the Hugging Face
+cache: AllenNLP's `options.json` + `weights.hdf5` pairs (`original`, ...), and ELMoForManyLangs' 44 languages
+(`efml-de`, `efml-zh`, ...: one .zip each from the NLPL vectors repository, `ELMO_EFML_ENDPOINT` replacing its base
+URL).
 
 `published_model("original")` (and every entry point that takes a model name: `elmo embed original ...`,
 `ElmoEmbedder("original")`, `load_model("original")`, the spaCy config's `elmo_model = "original"`) gives the
@@ -34,6 +36,31 @@ ENDPOINT = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
 # The same files as AllenNLP 1.x/2.x name them (the bucket's virtual-hosted address).
 ALLENNLP_ENDPOINTS = (ENDPOINT, "https://allennlp.s3.amazonaws.com/models/elmo")
 
+# The 44 published models (the NLPL vectors repository, as `elmoformanylangs`' README lists them): language code (ISO
+# 639-1, else 639-3) -> (the repository's model id, the language). This project names each `efml-<code>`.
+NLPL_ENDPOINT = "http://vectors.nlpl.eu/repository/11"
+LANGUAGES = {
+    "ar": (136, "Arabic"), "bg": (137, "Bulgarian"), "ca": (138, "Catalan"), "cs": (139, "Czech"),
+    "cu": (140, "Old Church Slavonic"), "da": (141, "Danish"), "de": (142, "German"), "el": (143, "Greek"),
+    "en": (144, "English"), "es": (145, "Spanish"), "et": (146, "Estonian"), "eu": (147, "Basque"),
+    "fa": (148, "Persian"), "fi": (149, "Finnish"), "fr": (150, "French"), "ga": (151, "Irish"),
+    "gl": (152, "Galician"), "grc": (153, "Ancient Greek"), "he": (154, "Hebrew"), "hi": (155, "Hindi"),
+    "hr": (156, "Croatian"), "hu": (157, "Hungarian"), "id": (158, "Indonesian"), "it": (159, "Italian"),
+    "ja": (160, "Japanese"), "ko": (161, "Korean"), "la": (162, "Latin"), "lv": (163, "Latvian"),
+    "nl": (164, "Dutch"), "nb": (165, "Norwegian Bokmål"), "nn": (166, "Norwegian Nynorsk"), "pl": (167, "Polish"),
+    "pt": (168, "Portuguese"), "ro": (169, "Romanian"), "ru": (170, "Russian"), "sk": (171, "Slovak"),
+    "sl": (172, "Slovene"), "sv": (173, "Swedish"), "tr": (174, "Turkish"), "ug": (175, "Uyghur"),
+    "uk": (176, "Ukrainian"), "ur": (177, "Urdu"), "vi": (178, "Vietnamese"), "zh": (179, "Chinese"),
+}
+# spaCy's language for each, where it is not the code itself: spaCy has no Old Church Slavonic, Galician or Uyghur
+# (its multi-language tokenizer then).
+SPACY_LANGUAGES = {"cu": "xx", "gl": "xx", "ug": "xx"}
+
+
+def spacy_language(code: str) -> str:
+    """The spaCy language whose tokenizer splits the raw text of the model of `code`."""
+    return SPACY_LANGUAGES.get(code, code)
+
 
 class PublishedModelError(ValueError):
     """A published model that cannot be downloaded or converted; the message is one line saying what to do."""
@@ -41,7 +68,7 @@ class PublishedModelError(ValueError):
 
 @dataclass(frozen=True)
 class PublishedModel:
-    """One published biLM: its files under the endpoint and what it is."""
+    """One published biLM of AllenNLP's: its files under the endpoint and what it is."""
 
     name: str
     options_path: str
@@ -53,12 +80,35 @@ class PublishedModel:
         return f"{os.environ.get('ELMO_PUBLISHED_ENDPOINT', ENDPOINT).rstrip('/')}/{path}"
 
 
+@dataclass(frozen=True)
+class EfmlPublishedModel:
+    """One of ELMoForManyLangs' models: the language (its code and name) and the archive's id in the NLPL
+    repository."""
+
+    name: str
+    language: str
+    language_name: str
+    repository_id: int
+
+    @property
+    def archive_path(self) -> str:
+        return f"{self.repository_id}.zip"
+
+    @property
+    def description(self) -> str:
+        return (f"ELMoForManyLangs' {self.language_name} biLM (HIT-SCIR; 20 M words of the CoNLL 2018 shared task's "
+                "raw text; output width 1024)")
+
+    def url(self, path: str) -> str:
+        return f"{os.environ.get('ELMO_EFML_ENDPOINT', NLPL_ENDPOINT).rstrip('/')}/{path}"
+
+
 def _allennlp(name: str, architecture: str, description: str) -> PublishedModel:
     prefix = f"{architecture}/elmo_{architecture}"
     return PublishedModel(name, f"{prefix}_options.json", f"{prefix}_weights.hdf5", description)
 
 
-PUBLISHED_MODELS = {model.name: model for model in (
+ALLENNLP_MODELS = {model.name: model for model in (
     _allennlp("original", "2x4096_512_2048cnn_2xhighway",
               "the paper's English biLM (93.6 M parameters, 1 Billion Word Benchmark; output width 1024)"),
     _allennlp("original-5.5b", "2x4096_512_2048cnn_2xhighway_5.5B",
@@ -69,6 +119,14 @@ PUBLISHED_MODELS = {model.name: model for model in (
                    "contributed/pubmed/elmo_2x4096_512_2048cnn_2xhighway_weights_PubMed_only.hdf5",
                    "the original architecture trained on PubMed abstracts (contributed to AllenNLP); width 1024"),
 )}
+EFML_MODELS = {f"efml-{code}": EfmlPublishedModel(f"efml-{code}", code, language, repository_id)
+               for code, (repository_id, language) in LANGUAGES.items()}
+PUBLISHED_MODELS: dict[str, PublishedModel | EfmlPublishedModel] = {**ALLENNLP_MODELS, **EFML_MODELS}
+
+
+def names_text() -> str:
+    """The published names in a few words (ELMoForManyLangs' 44 as one entry)."""
+    return ", ".join(ALLENNLP_MODELS) + ", efml-<language> (ELMoForManyLangs' 44, e.g. efml-de, efml-zh)"
 
 
 def cache_directory(name: str) -> Path:
@@ -79,7 +137,7 @@ def cache_directory(name: str) -> Path:
 def published_name(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> str | None:
     """The published model whose URLs (AllenNLP's, e.g. `allennlp.modules.elmo`'s defaults) are `options_file` and
     `weight_file`, or None."""
-    for model in PUBLISHED_MODELS.values():
+    for model in ALLENNLP_MODELS.values():
         if (str(options_file), str(weight_file)) in (
             (model.url(model.options_path), model.url(model.weights_path)),
             *((f"{base}/{model.options_path}", f"{base}/{model.weights_path}") for base in ALLENNLP_ENDPOINTS),
@@ -96,17 +154,22 @@ def published_model(name: str, progress: bool = True) -> str:
     converted = directory / "converted"
     if (converted / "model.safetensors").is_file():
         return str(converted)
-    by_hand = (f"or download {model.url(model.options_path)} and {model.url(model.weights_path)}, run `elmo "
-               "convert OPTIONS WEIGHTS DIR` and give DIR as the model")
+    if isinstance(model, EfmlPublishedModel):
+        by_hand = (f"or download {model.url(model.archive_path)}, run `elmo convert ZIP DIR` and give DIR as the "
+                   "model")
+    else:
+        by_hand = (f"or download {model.url(model.options_path)} and {model.url(model.weights_path)}, run `elmo "
+                   "convert OPTIONS WEIGHTS DIR` and give DIR as the model")
     if is_offline_mode():
         raise PublishedModelError(f"the published model {name!r} is not in the cache ({converted}) and the Hub is "
                                   f"offline (HF_HUB_OFFLINE=1): use it once online, {by_hand}")
-    from .original_format import require_h5py
+    if not isinstance(model, EfmlPublishedModel):
+        from .original_format import require_h5py
 
-    try:
-        require_h5py(f"the published model {name!r} is converted from its .hdf5 weights, which")
-    except ImportError as error:
-        raise PublishedModelError(str(error)) from None
+        try:
+            require_h5py(f"the published model {name!r} is converted from its .hdf5 weights, which")
+        except ImportError as error:
+            raise PublishedModelError(str(error)) from None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory / ".lock")):
@@ -116,17 +179,25 @@ def published_model(name: str, progress: bool = True) -> str:
             if progress:
                 tqdm.write(f"The published ELMo model {name!r} is downloaded and converted once, into {directory}",
                            file=sys.stderr)
-            options = _download(model, model.options_path, download / "options.json", None, progress)
-            weights = _download(model, model.weights_path, download / "weights.hdf5", model.weights_sha256, progress)
-            _convert(name, model, options, weights, converted, progress)
-            weights.unlink()  # the converted directory holds the same numbers
+            if isinstance(model, EfmlPublishedModel):
+                archive = _download(model, model.archive_path, download / "model.zip", None, progress)
+                _convert(name, model, (archive,), converted, progress)
+                archive.unlink()  # the converted directory holds the same numbers
+            else:
+                options = _download(model, model.options_path, download / "options.json", None, progress)
+                weights = _download(model, model.weights_path, download / "weights.hdf5", model.weights_sha256,
+                                    progress)
+                _convert(name, model, (options, weights), converted, progress)
+                weights.unlink()  # the converted directory holds the same numbers
     except OSError as error:  # the cache directory itself: permissions, a full disk
         raise PublishedModelError(f"cannot write the published model {name!r} into {directory}: "
                                   f"{error.strerror or error} (HF_HUB_CACHE sets where the cache is)") from None
     return str(converted)
 
 
-def _download(model: PublishedModel, remote: str, path: Path, sha256: str | None, progress: bool) -> Path:
+def _download(
+    model: PublishedModel | EfmlPublishedModel, remote: str, path: Path, sha256: str | None, progress: bool
+) -> Path:
     """The file `remote` of `model` at `path` (kept once complete), resumed from `path.incomplete`; the size must be
     the server's and the SHA-256 `sha256` when given. A server that cannot be reached fails at once; timeouts, a
     broken transfer and the server's own errors (5xx) are tried again."""
@@ -148,9 +219,13 @@ def _download(model: PublishedModel, remote: str, path: Path, sha256: str | None
             incomplete.unlink(missing_ok=True)  # a wrong size: start again next time
             raise PublishedModelError(f"{url} downloaded with another size than the server announced: the file was "
                                       "removed; run the command again") from None
-        folder = model.url(remote.rpartition("/")[0])
-        what_to_do = (f"use the cache alone (HF_HUB_OFFLINE=1), a mirror (ELMO_PUBLISHED_ENDPOINT=URL), or `elmo "
-                      f"convert` the two files of {folder}/ and give that directory as the model")
+        if isinstance(model, EfmlPublishedModel):
+            what_to_do = (f"use the cache alone (HF_HUB_OFFLINE=1), a mirror (ELMO_EFML_ENDPOINT=URL), or `elmo "
+                          f"convert` {url} once downloaded and give that directory as the model")
+        else:
+            folder = model.url(remote.rpartition("/")[0])
+            what_to_do = (f"use the cache alone (HF_HUB_OFFLINE=1), a mirror (ELMO_PUBLISHED_ENDPOINT=URL), or `elmo "
+                          f"convert` the two files of {folder}/ and give that directory as the model")
         if _unreachable(error):
             raise PublishedModelError(f"cannot download the published model {model.name!r}: "
                                       f"{urlsplit(url).netloc} cannot be reached ({reason}); {what_to_do}") from None
@@ -190,21 +265,30 @@ def _remote_size(url: str) -> int | None:
         else None
 
 
-def _convert(name: str, model: PublishedModel, options: Path, weights: Path, converted: Path, progress: bool) -> None:
+def _convert(
+    name: str, model: PublishedModel | EfmlPublishedModel, files: tuple[Path, ...], converted: Path, progress: bool
+) -> None:
     """`elmo convert` into a temporary directory renamed to `converted` once complete; an unreadable download is
     removed (the next use downloads it again)."""
-    from .original_format import convert
-
     staging = converted.with_name(converted.name + ".incomplete")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        convert(options, weights, staging, source=f"The published ELMo model `{name}` ({model.description}), "
-                f"converted from AllenNLP's `{model.url(model.options_path)}` and "
-                f"`{model.url(model.weights_path)}`.", progress=progress)
+        if isinstance(model, EfmlPublishedModel):
+            from .efml_format import convert_efml
+
+            convert_efml(files[0], staging, source=f"The published ELMo model `{name}` ({model.description}), "
+                         f"converted from `{model.url(model.archive_path)}`.",
+                         word_tokenizer=f"spacy:{spacy_language(model.language)}")
+        else:
+            from .original_format import convert
+
+            convert(*files, staging, source=f"The published ELMo model `{name}` ({model.description}), "
+                    f"converted from AllenNLP's `{model.url(model.options_path)}` and "
+                    f"`{model.url(model.weights_path)}`.", progress=progress)
     except (OSError, ValueError) as error:
         shutil.rmtree(staging, ignore_errors=True)
-        options.unlink(missing_ok=True)
-        weights.unlink(missing_ok=True)
+        for file in files:
+            file.unlink(missing_ok=True)
         message = " ".join(str(error).split())[:300]
         raise PublishedModelError(f"the download of the published model {name!r} is damaged ({message}): it was "
                                   "removed; run the command again to download it afresh") from None

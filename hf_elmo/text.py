@@ -108,7 +108,9 @@ def split_words(text: str) -> list[str]:
 
 @cache
 def spacy_tokenizer(lang: str):
-    """The tokenizer of `spacy.blank(lang)` (created once per language); needs spaCy."""
+    """The tokenizer of `spacy.blank(lang)` (created once per language); needs spaCy, and for some languages a
+    package of their own (Japanese: SudachiPy, Korean: mecab-ko, Vietnamese: pyvi): an `ImportError` of one line
+    otherwise, naming it."""
     try:
         import spacy
     except ImportError:
@@ -116,7 +118,15 @@ def spacy_tokenizer(lang: str):
             f"the word tokenizer 'spacy:{lang}' needs spaCy: pip install spacy-elmo (or pass pre-tokenized words "
             "with is_split_into_words=True)"
         ) from None
-    return spacy.blank(lang).tokenizer
+    try:
+        return spacy.blank(lang).tokenizer
+    except ImportError as error:
+        reason = " ".join(str(error).split())
+        if "[E048]" in reason:  # no such language in spaCy
+            raise ImportError(f"spaCy has no language {lang!r} to split text with: use its multi-language tokenizer "
+                              "'xx', or pass pre-tokenized words") from None
+        raise ImportError(f"spaCy's {lang!r} tokenizer needs a package that is not installed: {reason[:240]} (or pass "
+                          "pre-tokenized words)") from None
 
 
 def spacy_split(lang: str, texts: Sequence[str]) -> list[list[str]]:

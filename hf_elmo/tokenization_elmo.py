@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -209,6 +210,21 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
             unk_token=unk_token,
             **kwargs,
         )
+
+    @classmethod
+    def with_lexicons(
+        cls, char_lexicon: Mapping[str, int], word_lexicon: Mapping[str, int] | None = None, **kwargs
+    ) -> ElmoCharTokenizer:
+        """A lexicon model's tokenizer from its tables (entry -> id, as ELMoForManyLangs' `char.dic` / `word.dic`
+        give them); `kwargs` as the constructor's."""
+        with tempfile.TemporaryDirectory() as folder:
+            files = {}
+            for key, lexicon in (("char_lexicon_file", char_lexicon), ("word_lexicon_file", word_lexicon)):
+                if lexicon is not None:
+                    files[key] = os.path.join(folder, cls.vocab_files_names[key])
+                    with open(files[key], "w", encoding="utf-8") as file:
+                        json.dump(dict(lexicon), file, ensure_ascii=False)
+            return cls(**files, **kwargs)
 
     @classmethod
     def for_model(cls, config) -> ElmoCharTokenizer:

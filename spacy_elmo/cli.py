@@ -3,6 +3,7 @@
 
     python -m spacy_elmo init-config ner config.cfg                 # the default English biLM
     python -m spacy_elmo init-config ner config.cfg --model original  # the published biLM, or a directory or Hub id
+    python -m spacy_elmo init-config ner config.cfg --model efml-de   # German (ELMoForManyLangs): lang = "de"
     python -m spacy_elmo convert-conll2003 ../shared/data/conll2003/iob2/train.txt corpus/train.spacy
     python -m spacy train config.cfg --output out --paths.train corpus/train.spacy --paths.dev corpus/dev.spacy
 """
@@ -43,7 +44,13 @@ ConfigOutput = Annotated[Path, typer.Argument(help="config file to write", dir_o
 ModelOption = Annotated[
     str | None,
     typer.Option("--model", "-m", help="the biLM to train with: default (shipped), a published model (original, "
-                 "original-5.5b, medium, small, pubmed: downloaded once), a save_pretrained directory or a Hub id"),
+                 "original-5.5b, medium, small, pubmed, or ELMoForManyLangs' efml-<language>, e.g. efml-de: "
+                 "downloaded once), a save_pretrained directory or a Hub id"),
+]
+LangOption = Annotated[
+    str | None,
+    typer.Option("--lang", help="the pipeline's language (spaCy's code, e.g. de; its tokenizer splits the text) "
+                 "[default: the biLM's, as its word tokenizer records it (efml-de: de), else en]"),
 ]
 EncoderOption = Annotated[
     str | None,
@@ -66,11 +73,14 @@ def base_config_path(task: str) -> Path:
     return CONFIGS_DIR / f"{task}.cfg"
 
 
-def make_config(task: str, model: str | None = None, elmo: str | None = None, encoder: str | None = None) -> Config:
+def make_config(
+    task: str, model: str | None = None, elmo: str | None = None, encoder: str | None = None, lang: str | None = None
+) -> Config:
     """The shipped config of `task` (for the `"default"` biLM); with `model` (a model name, see `hf_elmo.loading`),
     its name and the layer width and count of that biLM (read from its config.json only; a mix's `initial_scalars`
-    spread evenly from their first to their last value over that count); with `elmo`, ELMo where it says (see
-    `ELMO_PLACEMENTS`); with `encoder`, that task encoder (see `ENCODERS`)."""
+    spread evenly from their first to their last value over that count) and its language; with `elmo`, ELMo where
+    it says (see `ELMO_PLACEMENTS`); with `encoder`, that task encoder (see `ENCODERS`); with `lang`, that language
+    (checked: spaCy must have its tokenizer)."""
     config = Config().from_disk(base_config_path(task), interpolate=False)
     if encoder is not None:
         set_encoder(config, task, encoder)
@@ -78,6 +88,9 @@ def make_config(task: str, model: str | None = None, elmo: str | None = None, en
         from hf_elmo.loading import load_config
 
         elmo_config = load_config(model)
+        recorded = getattr(elmo_config, "word_tokenizer", None) or ""
+        if lang is None and recorded.startswith("spacy:"):
+            lang = recorded.removeprefix("spacy:")
         config["paths"]["elmo_model"] = str(model)
         config["elmo"]["width"] = elmo_config.output_dim
         config["elmo"]["n_layers"] = elmo_config.num_output_layers
@@ -87,7 +100,21 @@ def make_config(task: str, model: str | None = None, elmo: str | None = None, en
                 mix["initial_scalars"] = np.linspace(scalars[0], scalars[-1], elmo_config.num_output_layers).tolist()
     if elmo is not None:
         place_elmo(config, task, elmo)
+    if lang is not None:
+        check_language(lang)
+        config["nlp"]["lang"] = lang
     return config
+
+
+def check_language(lang: str) -> None:
+    """Fail in one line where spaCy cannot tokenize `lang`: no such language, or its tokenizer needs a package that
+    is not installed (Japanese, Korean, Vietnamese...)."""
+    from hf_elmo.text import spacy_tokenizer
+
+    try:
+        spacy_tokenizer(lang)
+    except ImportError as error:
+        raise ValueError(str(error)) from None
 
 
 def elmo_mixes(config: Config, task: str) -> list[dict]:
@@ -129,10 +156,15 @@ def place_elmo(config: Config, task: str, placement: str) -> None:
 
 
 def write_config(
-    task: str, output: Path, model: str | None = None, elmo: str | None = None, encoder: str | None = None
+    task: str,
+    output: Path,
+    model: str | None = None,
+    elmo: str | None = None,
+    encoder: str | None = None,
+    lang: str | None = None,
 ) -> Path:
     """Write the config of `task` (see `make_config`) to `output`."""
-    config = make_config(task, model, elmo, encoder)
+    config = make_config(task, model, elmo, encoder, lang)
     header = f"# Written by `python -m spacy_elmo init-config {task}`; commented original: {base_config_path(task)}\n"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(header + config.to_str(), encoding="utf-8")
@@ -142,7 +174,7 @@ def write_config(
 @app.command("init-config")
 def init_config_command(
     task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None,
-    encoder: EncoderOption = None,
+    encoder: EncoderOption = None, lang: LangOption = None,
 ) -> None:
     """Write a training config for an ELMo NER or text classification pipeline."""
     if task not in TASKS:
@@ -150,7 +182,7 @@ def init_config_command(
     if elmo is not None and elmo not in ELMO_PLACEMENTS:
         raise typer.BadParameter(f"choose one of {', '.join(ELMO_PLACEMENTS)}", param_hint="--elmo")
     try:
-        written = write_config(task, output, model, elmo, encoder)
+        written = write_config(task, output, model, elmo, encoder, lang)
     except ValueError as error:  # e.g. an unknown encoder, or one for another task (`set_encoder` says which)
         raise typer.BadParameter(str(error)) from None
     typer.echo(f"wrote {written}")
@@ -159,10 +191,10 @@ def init_config_command(
 @init_cli.command("elmo-config")
 def spacy_init_elmo_config(
     task: Task, output: ConfigOutput, model: ModelOption = None, elmo: ElmoOption = None,
-    encoder: EncoderOption = None,
+    encoder: EncoderOption = None, lang: LangOption = None,
 ) -> None:
     """Write a training config for an ELMo NER or text classification pipeline (spacy-elmo)."""
-    init_config_command(task, output, model, elmo, encoder)
+    init_config_command(task, output, model, elmo, encoder, lang)
 
 
 @app.command("convert-conll2003")

@@ -13,27 +13,34 @@ from typing import Any
 import torch
 from spacy.util import SimpleFrozenDict, registry
 
-from hf_elmo import ElmoConfig, ElmoModel, ModelLoadError, load_model
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, ModelLoadError, load_model, load_tokenizer
 from hf_elmo.loading import check_model_name, load_original
 
-WeightsLoader = Callable[[], ElmoModel]
+# What a weights loader gives: the biLM, with its tokenizer where the biLM reads characters through lexicons
+# (ELMoForManyLangs' models: the tokenizer holds them).
+Weights = ElmoModel | tuple[ElmoModel, ElmoCharTokenizer]
+WeightsLoader = Callable[[], Weights]
 # Where a pipeline's config names its biLM, for the errors about that name.
 CONFIG_SETTINGS = (" (the biLM's `name` in the pipeline config: [components.<elmo>.model] name, or "
                    "[initialize.components.<elmo>.weights] name; `paths.elmo_model` in the shipped configs)")
 NO_SETTINGS = SimpleFrozenDict()
 
 
-def load_pretrained(name: str | Path | None, revision: str | None = None) -> ElmoModel:
+def load_pretrained(name: str | Path | None, revision: str | None = None) -> Weights:
     """A biLM from a local `save_pretrained` directory (e.g. written by `elmo convert`), a Hub id, or `"default"`:
-    the English model shipped inside the package (`hf_elmo.DEFAULT_MODEL`). A bad name fails with a one-line
-    `ModelLoadError` that names the config settings that give it."""
+    the English model shipped inside the package (`hf_elmo.DEFAULT_MODEL`); a biLM that reads characters through
+    lexicons (ELMoForManyLangs') with its tokenizer. A bad name fails with a one-line `ModelLoadError` that names the
+    config settings that give it."""
     if not name:
         raise ValueError(
             "spacy-elmo.PretrainedWeights.v1 has no `name`: give the biLM's directory or Hub id (or \"default\"), "
             "e.g. `--paths.elmo_model path/to/converted-elmo` with the shipped configs."
         )
     try:
-        return load_model(name, revision=revision)
+        model = load_model(name, revision=revision)
+        if model.config.character_vocabulary == "bytes":
+            return model
+        return model, load_tokenizer(name, revision=revision)
     except ModelLoadError as error:
         raise ModelLoadError(f"{error}{CONFIG_SETTINGS}") from None
 

@@ -61,6 +61,25 @@ def make_efml_model(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
+def efml_archive(model_dir: Path, folder: str = "xx.model") -> bytes:
+    """The model as the NLPL repository serves one: a .zip holding its folder."""
+    import io
+    import zipfile
+
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        for file in sorted(model_dir.iterdir()):
+            archive.write(file, f"{folder}/{file.name}")
+    return data.getvalue()
+
+
+def efml_files(archive: bytes) -> dict[str, bytes]:
+    """The same archive under every ELMoForManyLangs model's path (`ELMO_EFML_ENDPOINT` = the server's url)."""
+    from hf_elmo.published import EFML_MODELS
+
+    return {model.archive_path: archive for model in EFML_MODELS.values()}
+
+
 def their_embedder(model_dir: Path, batch_size: int = 3):
     """ELMoForManyLangs' own `Embedder` of `model_dir`, its stateful encoder reset before every batch (each sentence
     from the zero state, as this project computes)."""

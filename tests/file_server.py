@@ -59,7 +59,7 @@ class FileServer:
 def published_files(options: bytes, weights: bytes) -> dict[str, bytes]:
     """The same options and weights under every published model's paths (`ELMO_PUBLISHED_ENDPOINT` = the server's
     url)."""
-    from hf_elmo.published import PUBLISHED_MODELS
+    from hf_elmo.published import ALLENNLP_MODELS
 
-    return {path: data for model in PUBLISHED_MODELS.values()
+    return {path: data for model in ALLENNLP_MODELS.values()
             for path, data in ((model.options_path, options), (model.weights_path, weights))}

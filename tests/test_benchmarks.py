@@ -64,6 +64,13 @@ def test_bench_latency_bound_prints_the_latency_with_and_without_the_gate_math()
     assert name == "small" and all(float(ms) > 0 for ms in (as_is, as_is_25, bound, bound_25))
 
 
+def test_bench_tokenizer_prints_both_vocabularies_and_their_ratio():
+    output = run_python(REPO / "benchmarks" / "bench_tokenizer.py", "--sentences", 20, "--length", 5, "--repeats", 1)
+    lines = output.splitlines()
+    assert lines[1].startswith("bytes") and lines[2].startswith("lexicon") and "words/s" in lines[2]
+    assert float(lines[3].rpartition(" ")[2]) > 0
+
+
 def test_bench_data_prints_the_tokens_per_second_of_each_worker_count():
     output = run_python(REPO / "benchmarks" / "bench_data.py", "--files", REPO.parent / "shared/data/ptb/ptb.valid.txt",
                         "--word-tokenizer", "whitespace", "--batch-tokens", 512, "--block-lines", 200, "--workers",

@@ -7,18 +7,18 @@ from __future__ import annotations
 import logging
 import pickle
 import shutil
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from efml_fixtures import SENTENCES, make_efml_model, their_embedder
+from efml_fixtures import SENTENCES, efml_archive, make_efml_model, their_embedder
 from typer.testing import CliRunner
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel
 from hf_elmo.cli import app
-from hf_elmo.efml import Embedder, is_efml_model, load_efml, read_dic
+from hf_elmo.efml import Embedder
+from hf_elmo.efml_format import is_efml_model, load_efml, read_dic
 
 TOLERANCE = 1e-5
 OUTPUT_LAYERS = (-1, 0, 1, 2, -2)
@@ -66,9 +66,7 @@ def test_the_converted_directory_the_zip_and_the_reference_blocks_give_the_same_
     """`elmo convert DIR OUT` and `elmo convert ZIP OUT` (the model in a folder of the archive, as NLPL's are) write
     a save_pretrained directory that gives its vectors, through the kernels and through the reference blocks."""
     archive = tmp_path / "179.zip"
-    with zipfile.ZipFile(archive, "w") as zipped:
-        for file in efml_dir.iterdir():
-            zipped.write(file, f"zh.model/{file.name}")
+    archive.write_bytes(efml_archive(efml_dir, "zh.model"))
     assert is_efml_model(efml_dir) and is_efml_model(archive) and not is_efml_model(tmp_path)
     expected = theirs.sents2elmo(SENTENCES, output_layer=-2)
     runner = CliRunner()
@@ -92,6 +90,32 @@ def test_the_converted_directory_the_zip_and_the_reference_blocks_give_the_same_
     with torch.no_grad():
         through_call = torch.stack(model(**encoded).hidden_states)
     torch.testing.assert_close(through_call, layers, rtol=0, atol=1e-6)
+
+
+def test_elmo_info_and_the_card_describe_a_lexicon_model(efml_dir, tmp_path):
+    out = tmp_path / "converted"
+    assert CliRunner().invoke(app, ["convert", str(efml_dir), str(out)]).exit_code == 0
+    info = CliRunner().invoke(app, ["info", str(out)])
+    assert info.exit_code == 0 and "word embedding" in info.output, info.output
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "| word embedding | 16 words x 6, beside the char CNN |" in card and "`<bow>` and `<eow>`" in card
+    assert "UTF-8 bytes" not in card
+
+
+def test_a_language_spacy_tokenizes_only_with_another_package_is_one_line_naming_it(monkeypatch):
+    import spacy
+
+    from hf_elmo.text import spacy_tokenizer
+
+    def blank(lang):
+        raise ImportError("Japanese support requires SudachiPy and SudachiDict-core (https://github.com/...).\n"
+                          "Install with `pip install sudachipy sudachidict_core`")
+
+    monkeypatch.setattr(spacy, "blank", blank)
+    with pytest.raises(ImportError) as error:
+        spacy_tokenizer("ja-test")
+    message = str(error.value)
+    assert "\n" not in message and "spaCy's 'ja-test' tokenizer needs a package" in message and "SudachiPy" in message
 
 
 def test_its_lexicons_are_read_as_its_reader_does(efml_dir):
@@ -172,3 +196,125 @@ def test_elmo_embed_runs_a_converted_model_as_its_embedder(efml_dir, theirs, tmp
     vectors, offsets = np.load(tmp_path / "out.npy"), np.load(tmp_path / "out.offsets.npy")
     embedded = [vectors[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
     assert_same(embedded, theirs.sents2elmo(sentences, output_layer=-1))
+
+
+# -- by name, and in spaCy ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nlpl(efml_dir, tmp_path, monkeypatch):
+    """The random model as the NLPL repository's German archive (142.zip, the model in a folder), an empty Hugging
+    Face cache, the Hub online."""
+    from file_server import FileServer
+    from huggingface_hub import constants
+
+    files = FileServer({"142.zip": efml_archive(efml_dir, "de.model")})
+    monkeypatch.setenv("ELMO_EFML_ENDPOINT", files.url)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield files
+    files.server.shutdown()
+
+
+def test_a_model_by_name_downloads_once_converts_and_serves_every_entry_point_offline(nlpl, theirs, tmp_path,
+                                                                                      monkeypatch):
+    """`efml-de`: downloaded and converted on first use (no archive kept), then offline through the Python API,
+    AutoModel (`model_location`), `elmo embed` and spaCy; raw text split by spaCy's German tokenizer."""
+    import spacy
+    from huggingface_hub import constants
+    from transformers import AutoModel
+
+    from hf_elmo import ElmoEmbedder, load_tokenizer, model_location
+    from hf_elmo.published import cache_directory, published_model
+
+    directory = Path(published_model("efml-de", progress=False))
+    assert directory == cache_directory("efml-de") / "converted"
+    assert not list((cache_directory("efml-de") / "download").iterdir())
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    expected = theirs.sents2elmo(SENTENCES, output_layer=-2)
+    assert_same(Embedder("efml-de").sents2elmo(SENTENCES, output_layer=-2), expected)
+    assert_same(ElmoEmbedder("efml-de").embed_batch(SENTENCES), expected)
+    assert load_tokenizer("efml-de").word_tokenizer == "spacy:de"
+    model = AutoModel.from_pretrained(model_location("efml-de")).eval()
+    assert model.config.word_embedding_dim == 6 and model.config.forget_bias == 0.0
+    (tmp_path / "in.txt").write_text("Der Bankier ging zur Bank.\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["embed", "efml-de", str(tmp_path / "in.txt"), str(tmp_path / "out.npy"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert np.load(tmp_path / "out.npy").shape == (6, 3, 16)  # spaCy's German words: Der Bankier ging zur Bank .
+    nlp = spacy.blank("de")
+    nlp.add_pipe("elmo", config={"model": {"name": "efml-de"}})
+    doc = nlp("Der Bankier ging zur Bank.")
+    np.testing.assert_allclose(doc._.elmo_layers, Embedder("efml-de").sents2elmo([[t.text for t in doc]], -2)[0],
+                               atol=TOLERANCE, rtol=0)
+    assert len(nlpl.gets("142.zip")) == 1
+
+
+def test_an_unreachable_repository_is_one_line_naming_the_mirror_and_elmo_convert(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from hf_elmo import ModelLoadError, load_model
+
+    monkeypatch.setenv("ELMO_EFML_ENDPOINT", "http://127.0.0.1:9/repository/11")  # nothing listens there
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ModelLoadError) as error:
+        load_model("efml-zh")
+    message = str(error.value)
+    assert "\n" not in message and "127.0.0.1:9 cannot be reached" in message
+    assert all(way in message for way in ("HF_HUB_OFFLINE=1", "ELMO_EFML_ENDPOINT=URL", "elmo convert",
+                                          "http://127.0.0.1:9/repository/11/179.zip"))
+
+
+def test_every_language_has_a_name_and_an_archive():
+    from hf_elmo.published import EFML_MODELS, NLPL_ENDPOINT
+
+    assert len(EFML_MODELS) == 44 and len({m.repository_id for m in EFML_MODELS.values()}) == 44
+    assert EFML_MODELS["efml-de"].url(EFML_MODELS["efml-de"].archive_path) == f"{NLPL_ENDPOINT}/142.zip"
+    assert EFML_MODELS["efml-zh"].repository_id == 179 and EFML_MODELS["efml-nb"].repository_id == 165
+
+
+GERMAN_NER = [
+    ("Angela Merkel besuchte gestern Berlin .", [(0, 13, "PER"), (31, 37, "LOC")]),
+    ("Die Deutsche Bank hat ihren Sitz in Frankfurt .", [(4, 17, "ORG"), (36, 45, "LOC")]),
+    ("Thomas Müller spielt für München .", [(0, 13, "PER"), (25, 32, "LOC")]),
+    ("In Hamburg regnet es oft .", [(3, 10, "LOC")]),
+]
+
+
+def test_a_german_ner_pipeline_is_configured_for_its_language_and_trains(nlpl, efml_dir, tmp_path):
+    """`spacy init elmo-config ner config.cfg --lang de --model efml-de` (and without `--lang`: the model's language)
+    writes `lang = "de"` and the biLM's sizes; `spacy train` runs a few steps on a sample made here; a language spaCy
+    cannot tokenize is one line."""
+    import spacy
+    from spacy.cli._util import app as spacy_app
+    from spacy.tokens import DocBin
+    from spacy.util import registry
+    from thinc.api import Config
+
+    nlp = spacy.blank("de")
+    docs = []
+    for text, entities in GERMAN_NER * 3:
+        doc = nlp(text)
+        doc.ents = [doc.char_span(start, end, label=label) for start, end, label in entities]
+        docs.append(doc)
+    DocBin(docs=docs).to_disk(tmp_path / "train.spacy")
+    registry.cli.get_all()
+    runner = CliRunner()
+    for lang in (["--lang", "de"], []):
+        result = runner.invoke(spacy_app, ["init", "elmo-config", "ner", str(tmp_path / "config.cfg"), *lang,
+                                           "--model", "efml-de"])
+        assert result.exit_code == 0, result.output
+        config = Config().from_disk(tmp_path / "config.cfg", interpolate=False)
+        assert config["nlp"]["lang"] == "de" and config["elmo"] == {"width": 16, "n_layers": 3}
+        assert config["paths"]["elmo_model"] == "efml-de"
+    result = runner.invoke(spacy_app, [
+        "train", str(tmp_path / "config.cfg"), "--output", str(tmp_path / "out"), "--paths.train",
+        str(tmp_path / "train.spacy"), "--paths.dev", str(tmp_path / "train.spacy"), "--training.max_steps", "6",
+        "--training.eval_frequency", "3", "--components.ner.model.tok2vec.elmo.project_to", "16",
+        "--components.ner.model.tok2vec.embed.width", "16", "--components.ner.model.tok2vec.width", "16"])
+    assert result.exit_code == 0, result.output
+    trained = spacy.load(tmp_path / "out" / "model-last")
+    assert trained.lang == "de" and trained("Angela Merkel wohnt in Berlin .")._.elmo_layers.shape == (3, 6, 16)
+    refused = runner.invoke(spacy_app, ["init", "elmo-config", "ner", str(tmp_path / "cu.cfg"), "--model",
+                                        "efml-de", "--lang", "cu"])
+    assert refused.exit_code == 2 and "spaCy has no language 'cu'" in " ".join(refused.output.split())

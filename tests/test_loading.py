@@ -27,8 +27,9 @@ def bad_model(kind: str, tiny_model_dir: Path, tmp_path: Path) -> tuple[str, str
     if kind == "missing directory":
         return str(tmp_path / "nonexistent"), f"model directory {tmp_path / 'nonexistent'} does not exist"
     if kind == "misspelt name":
-        return "orignal", ("unknown model 'orignal': not a directory, nor one of default, original, original-5.5b, "
-                           "medium, small, pubmed (did you mean 'original'?)")
+        return "orignal", ("unknown model 'orignal': not a directory, nor default, original, original-5.5b, medium, "
+                           "small, pubmed, efml-<language> (ELMoForManyLangs' 44, e.g. efml-de, efml-zh) (did you "
+                           "mean 'original'?)")
     if kind == "a file":
         (tmp_path / "model.txt").write_text("x")
         return str(tmp_path / "model.txt"), f"{tmp_path / 'model.txt'} is a file; expected a save_pretrained directory"

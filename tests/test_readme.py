@@ -215,14 +215,18 @@ def run_commands(commands: list[tuple[str, bool]], cwd: Path, env: dict[str, str
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory) -> dict[str, str]:
-    """The environment of the documents' commands: published models from a local server, a fake Hub, no bars."""
+    """The environment of the documents' commands: published models from a local server (AllenNLP's the fixture
+    weights, ELMoForManyLangs' a random model in its format), a fake Hub, no bars."""
+    from efml_fixtures import efml_archive, efml_files, make_efml_model
     from fake_hub import FakeHub, hub_env
 
-    server = FileServer(published_files(require(ALLENNLP / "options.json").read_bytes(),
-                                        require(ALLENNLP / "lm_weights.hdf5").read_bytes()))
+    archive = efml_archive(make_efml_model(tmp_path_factory.mktemp("efml") / "xx.model"))
+    server = FileServer({**published_files(require(ALLENNLP / "options.json").read_bytes(),
+                                           require(ALLENNLP / "lm_weights.hdf5").read_bytes()),
+                         **efml_files(archive)})
     with FakeHub() as hub:
         yield {**hub_env(hub.url, tmp_path_factory.mktemp("hf_home")), "ELMO_PUBLISHED_ENDPOINT": server.url,
-               "HF_HUB_OFFLINE": "0", "TQDM_DISABLE": "1"}
+               "ELMO_EFML_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0", "TQDM_DISABLE": "1"}
     server.server.shutdown()
 
 

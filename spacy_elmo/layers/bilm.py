@@ -39,9 +39,11 @@ from hf_elmo.runtime import OutOfDeviceMemoryError, halve_on_out_of_memory
 from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
-from ..weights import load_pretrained
+from ..weights import Weights, load_pretrained
 from .pytorch import TorchShim, to_torch, to_xp
 
+# Where a lexicon model's lexicons are kept in the shim's saved config.
+LEXICONS_KEY = "tokenizer_lexicons"
 NOT_INITIALIZED_ERROR = (
     "The ELMo biLM layer was used before its weights were read: call `nlp.initialize()` (or `model.initialize()`) "
     "first, or use it through the `elmo` component, which reads them when first needed."
@@ -70,6 +72,9 @@ class ElmoShim(TorchShim):
     def __init__(self, name: str = "", mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
         super().__init__(None, mixed_precision=mixed_precision, grad_scaler=grad_scaler)
         self.name = name
+        # The biLM's own tokenizer where it reads characters through lexicons (saved with the shim); else None, and
+        # the byte tokenizer of its character slots.
+        self.tokenizer: ElmoCharTokenizer | None = None
         # Token representations and packed LSTM weights kept between the predictions of this biLM.
         self.inference_cache = ElmoInferenceCache()
 
@@ -81,11 +86,18 @@ class ElmoShim(TorchShim):
     def device(self) -> torch.device:
         return get_torch_default_device() if self._model is None else super().device
 
-    def set_elmo(self, elmo: ElmoModel) -> None:
-        """Use `elmo` (moved to the current Thinc device)."""
+    def set_elmo(self, weights: Weights) -> None:
+        """Use the biLM of `weights` (an `ElmoModel`, or one with its `ElmoCharTokenizer`; moved to the current Thinc
+        device)."""
+        elmo, tokenizer = weights if isinstance(weights, tuple) and len(weights) == 2 else (weights, None)
         if not isinstance(elmo, ElmoModel):
-            raise TypeError(f"ELMo weights loaders must return an hf_elmo.ElmoModel, got {type(elmo).__name__}")
+            raise TypeError(f"ELMo weights loaders must return an hf_elmo.ElmoModel (or one with its tokenizer), got "
+                            f"{type(weights).__name__}")
+        if elmo.config.character_vocabulary != "bytes" and getattr(tokenizer, "char_lexicon", None) is None:
+            raise ValueError("this biLM reads characters through lexicons (ELMoForManyLangs'): its weights loader must "
+                             "give its tokenizer too, as spacy-elmo.PretrainedWeights.v1 does")
         self._model = elmo.to(get_torch_default_device())
+        self.tokenizer = tokenizer if elmo.config.character_vocabulary != "bytes" else None
         self.inference_cache.clear()
 
     def begin_update(self, inputs: ArgsKwargs) -> tuple[Any, Callable]:
@@ -118,18 +130,31 @@ class ElmoShim(TorchShim):
             super().to_device(device_type, device_id)
 
     def _config_to_save(self) -> dict | None:
-        return None if self._model is None else self._model.config.to_dict()
+        """The biLM's config, and a lexicon model's lexicons (`tokenizer_lexicons`)."""
+        if self._model is None:
+            return None
+        config = self._model.config.to_dict()
+        if self.tokenizer is not None:
+            config[LEXICONS_KEY] = {"char": self.tokenizer.char_lexicon.entries, "word": None if (
+                self.tokenizer.word_lexicon is None) else self.tokenizer.word_lexicon.entries}
+        return config
 
     def _restore_config(self, config: dict | None) -> None:
         """The biLM of a saved config, built on the meta device (no time spent on a random initialisation that the
-        saved tensors overwrite), or none."""
+        saved tensors overwrite), with its lexicons' tokenizer; or none."""
         self.inference_cache.clear()
+        self.tokenizer = None
         if config is None:
             self._model = None
             return
+        config = dict(config)
+        lexicons = config.pop(LEXICONS_KEY, None)
         with torch.device("meta"):
             elmo = ElmoModel(ElmoConfig.from_dict(config))
         self._model = elmo.to_empty(device=get_torch_default_device()).eval()
+        if lexicons is not None:
+            self.tokenizer = ElmoCharTokenizer.with_lexicons(
+                lexicons["char"], lexicons["word"], max_characters_per_token=elmo.config.max_characters_per_token)
 
 
 # -- what flows between the layers --------------------------------------------------------------------------------
@@ -213,10 +238,10 @@ def elmo_torch(
 
 def batch_to_torch(model: Model, sentences: list[Sentence], is_train: bool) -> tuple[ArgsKwargs, Callable]:
     """The `ElmoBatch` of the sentences' words, on the biLM's device, as the model's keyword arguments."""
-    elmo = model.shims[0].elmo
-    if elmo is None:
+    shim: ElmoShim = model.shims[0]
+    if shim.elmo is None:
         raise ValueError(NOT_INITIALIZED_ERROR)
-    tokenizer = char_tokenizer(elmo.config.max_characters_per_token)
+    tokenizer = shim.tokenizer or char_tokenizer(shim.elmo.config.max_characters_per_token)
     # made on the host; the copy to a GPU does not wait for the device to finish what it is doing
     batch = tokenizer.batch([sentence.words for sentence in sentences]).to(model.shims[0].device, non_blocking=True)
     return ArgsKwargs(args=(), kwargs=dict(batch)), empty_backprop
@@ -352,6 +377,8 @@ def empty_backprop(d_outputs: Any) -> list:
 @lru_cache(maxsize=4)
 def char_tokenizer(max_characters_per_token: int) -> ElmoCharTokenizer:
     return ElmoCharTokenizer(max_characters_per_token=max_characters_per_token)
+
+
 
 
 # -- the biLM layer -----------------------------------------------------------------------------------------------
