@@ -36,7 +36,7 @@ CONFIG = {
 def make_efml_model(directory: Path, seed: int = 0) -> Path:
     """An ELMoForManyLangs model with random weights, written by its own classes as its published models are:
     config.json naming the configuration, char.dic (one entry, a space, that its reader turns into U+3000), word.dic,
-    token_embedder.pkl and encoder.pkl (state dicts)."""
+    token_embedder.pkl and encoder.pkl (state dicts; the encoder in PyTorch's pre-zip format)."""
     from elmoformanylangs.frontend import Model
     from elmoformanylangs.modules.embedding_layer import EmbeddingLayer
 
@@ -57,7 +57,8 @@ def make_efml_model(directory: Path, seed: int = 0) -> Path:
             if "embedding" not in name:
                 parameter.normal_(0.0, 0.5)
     torch.save(model.token_embedder.state_dict(), directory / "token_embedder.pkl")
-    torch.save(model.encoder.state_dict(), directory / "encoder.pkl")
+    # The published models were saved by PyTorch 0.4, before its zip format: the encoder in that format.
+    torch.save(model.encoder.state_dict(), directory / "encoder.pkl", _use_new_zipfile_serialization=False)
     return directory
 
 
