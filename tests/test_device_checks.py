@@ -126,16 +126,23 @@ def test_a_gpu_forward_of_a_model_with_a_word_embedding_waits_for_nothing(tokeni
     batch = tokenizer.batch(SENTENCES)
     words = torch.randint(1, 9, batch.attention_mask.shape) * batch.attention_mask
     batch = dataclasses.replace(batch, word_input_ids=words)
+    reference, output, watch = forward_on_fake_cuda(model, batch, inference_cache=ElmoInferenceCache())
+    assert watch.syncs == [] and watch.transfers == [], [str(e) for e in watch.syncs]
+    for layer, expected in zip(output, reference):
+        assert (layer - expected).abs().max() <= 1e-5
+
+
+def forward_on_fake_cuda(model, batch, **kwargs) -> tuple[tuple, list, DeviceWatch]:
+    """The model's layers for `batch` on the CPU, then (the model moved) on fake CUDA under a recording watch: the
+    CPU's layers, the device's (as CPU tensors) and the watch."""
     with torch.no_grad():
         reference = model(**batch).hidden_states
     with DeviceWatch() as watch, torch.no_grad():
         fake_cuda(model)
         on_device = batch.to(DEVICE)
         with watch.recording():
-            output = model(**on_device, inference_cache=ElmoInferenceCache()).hidden_states
-    assert watch.syncs == [] and watch.transfers == [], [str(e) for e in watch.syncs]
-    for layer, expected in zip(real(output), reference):
-        assert (layer - expected).abs().max() <= 1e-5
+            output = model(**on_device, **kwargs).hidden_states
+    return reference, list(real(output)), watch
 
 
 @on_fake_cuda
@@ -144,17 +151,10 @@ def test_a_clipped_model_on_a_gpu_sorts_its_rows_once_per_call_without_waiting(t
     are sorted by an index copied once per call (and one that puts them back), for every layer, without a wait."""
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()  # clips: the step loop
-    batch = tokenizer.batch(SENTENCES)
-    with torch.no_grad():
-        reference = model(**batch).hidden_states
-    with DeviceWatch() as watch, torch.no_grad():
-        fake_cuda(model)
-        on_device = batch.to(DEVICE)
-        with watch.recording():
-            output = model(**on_device).hidden_states
+    reference, output, watch = forward_on_fake_cuda(model, tokenizer.batch(SENTENCES))
     assert watch.syncs == [] and watch.launches["cudnn_rnn"] == 0
     assert [e.where.split(" ")[-1] for e in watch.transfers] == ["(host_index)"] * 2  # the order, and back
-    for layer, expected in zip(real(output), reference):
+    for layer, expected in zip(output, reference):
         assert (layer - expected).abs().max() <= 1e-5
 
 
