@@ -55,6 +55,7 @@ KNOWN_CONFIGS = {
 }
 MODEL_FILES = ("config.json", "char.dic", "token_embedder.pkl", "encoder.pkl")
 
+
 def is_efml_model(path: str | os.PathLike) -> bool:
     """Whether `path` is an ELMoForManyLangs model: a directory with its files, or a .zip holding one."""
     path = Path(path)
