@@ -318,3 +318,16 @@ def test_a_german_ner_pipeline_is_configured_for_its_language_and_trains(nlpl, e
     refused = runner.invoke(spacy_app, ["init", "elmo-config", "ner", str(tmp_path / "cu.cfg"), "--model",
                                         "efml-de", "--lang", "cu"])
     assert refused.exit_code == 2 and "spaCy has no language 'cu'" in " ".join(refused.output.split())
+
+
+def test_elmo_pretrain_refuses_a_lexicon_model_in_one_line(efml_dir, tmp_path):
+    """`elmo pretrain` trains byte-vocabulary biLMs: --init_model of an ELMoForManyLangs model says so, nothing runs."""
+    converted = tmp_path / "converted"
+    assert CliRunner().invoke(app, ["convert", str(efml_dir), str(converted)]).exit_code == 0
+    (tmp_path / "domain.txt").write_text("Ein Satz .\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["pretrain", "--train_files", str(tmp_path / "domain.txt"), "--init_model",
+                                      str(converted), "--output_dir", str(tmp_path / "tuned"), "--max_steps", "1",
+                                      "--cpu"])
+    assert result.exit_code == 1, result.output
+    assert "reads characters through lexicons (an ELMoForManyLangs model)" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not (tmp_path / "tuned" / "model.safetensors").exists()

@@ -194,6 +194,9 @@ def load_model(
     if args.dropout is not None:
         overrides["dropout"] = args.dropout
     if init_config is not None:
+        if init_config.character_vocabulary != "bytes":
+            raise ValueError(f"--init_model {args.init_model} reads characters through lexicons (an ELMoForManyLangs "
+                             "model): `elmo pretrain` trains biLMs of the byte vocabulary only; use the model as it is")
         changed = sorted(name for name, value in model_config.items()
                          if json.loads(json.dumps(getattr(init_config, name, None))) != value)
         fixed = [name for name in changed if name != "lstm_dim"]
