@@ -51,6 +51,11 @@ class FileServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/elmo"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        """Stop serving and close the listening socket."""
+        self.server.shutdown()
+        self.server.server_close()
+
     def gets(self, path: str) -> list[str | None]:
         """The Range headers of the GETs of `path`."""
         return [header for method, requested, header in self.requests if method == "GET" and requested == path]

@@ -213,7 +213,7 @@ def nlpl(efml_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     yield files
-    files.server.shutdown()
+    files.close()
 
 
 def test_a_model_by_name_downloads_once_converts_and_serves_every_entry_point_offline(nlpl, theirs, tmp_path,

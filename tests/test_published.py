@@ -45,7 +45,7 @@ def server(fixture_files, tmp_path, monkeypatch) -> Iterator[FileServer]:
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     yield files
-    files.server.shutdown()
+    files.close()
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_first_use_downloads_converts_and_keeps_no_hdf5_then_second_use_is_offli
     card = (directory / "README.md").read_text()
     assert f"published ELMo model `{NAME}`" in card and MODEL.url(MODEL.weights_path) in card
 
-    server.server.shutdown()  # no network, and the Hub offline: the cache serves it
+    server.close()  # no network, and the Hub offline: the cache serves it
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with torch.no_grad():
         vectors = ElmoEmbedder(NAME).embed_sentences(SENTENCES)
@@ -143,7 +143,7 @@ def test_offline_or_unreachable_and_not_cached_is_one_line_naming_the_urls_and_e
 def test_an_unreachable_server_fails_at_once_in_one_short_line_that_says_what_to_do(server, monkeypatch):
     """A host whose name does not resolve, or that refuses the connection, is not tried again (five retries took 27 s
     offline); the line names the three ways out, and "resume" only where a part of the file was downloaded."""
-    server.server.shutdown()
+    server.close()
     server.server.server_close()  # nothing listens: the connection is refused
     for endpoint in (server.url, "http://elmo-mirror.invalid/elmo"):  # .invalid never resolves
         monkeypatch.setenv("ELMO_PUBLISHED_ENDPOINT", endpoint)
@@ -220,7 +220,7 @@ def test_elmo_embed_downloads_a_published_model_once_then_runs_offline(fixture_f
     command = [sys.executable, "-m", "hf_elmo.cli", "embed", NAME, str(tmp_path / "in.txt"), "--tokenized"]
     first = subprocess.run([*command, str(tmp_path / "first.npy")], env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
-    files.server.shutdown()
+    files.close()
     second = subprocess.run([*command, str(tmp_path / "second.npy")], env={**env, "HF_HUB_OFFLINE": "1"},
                             capture_output=True, text=True)
     assert second.returncode == 0, second.stderr

@@ -227,7 +227,7 @@ def services(tmp_path_factory) -> dict[str, str]:
     with FakeHub() as hub:
         yield {**hub_env(hub.url, tmp_path_factory.mktemp("hf_home")), "ELMO_PUBLISHED_ENDPOINT": server.url,
                "ELMO_EFML_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0", "TQDM_DISABLE": "1"}
-    server.server.shutdown()
+    server.close()
 
 
 def work_directory(root: Path) -> Path:
