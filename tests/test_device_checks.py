@@ -146,6 +146,30 @@ def forward_on_fake_cuda(model, batch, **kwargs) -> tuple[tuple, list, DeviceWat
 
 
 @on_fake_cuda
+def test_the_embedders_bf16_on_a_gpu_runs_under_autocast_and_reads_back_once_per_batch():
+    """`ElmoEmbedder(bf16=True)` on a GPU: autocast in `runtime.reduced_precision` (bf16 where the GPU has it), the
+    batch's ids copied without waiting, one read-back per batch (the vectors to the host), bf16's drift. (A batch's
+    work, `_embed_batch`, under `no_grad`: the fake device's tensors cannot be inference tensors, which
+    `embed_batch`'s `inference_mode` makes; on a GPU it changes no copy or wait.)"""
+    from hf_elmo import ElmoEmbedder
+
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
+    expected = ElmoEmbedder(model).embed_batch(SENTENCES)
+    with DeviceWatch() as watch, torch.no_grad():
+        fake_cuda(model)
+        embedder = ElmoEmbedder(model, bf16=True)
+        embedder._embed_batch(SENTENCES)  # the cache's copies in bf16
+        with watch.recording():
+            got = embedder._embed_batch(SENTENCES)
+    assert [e.where.split(" ")[-1] for e in watch.syncs if e.project] == ["(_embed_batch)"], [str(e) for e in
+                                                                                           watch.syncs]
+    assert [e.where.split(":")[0] for e in watch.transfers] == ["hf_elmo/text.py"] * 2  # ElmoBatch.to: ids, mask
+    drift = max(float(np.abs(a - b).max()) for a, b in zip(got, expected))
+    assert 0 < drift <= 0.05 * max(float(np.abs(e).max()) for e in expected)  # bf16, not float32
+
+
+@on_fake_cuda
 def test_a_clipped_model_on_a_gpu_sorts_its_rows_once_per_call_without_waiting(tokenizer):
     """A clipped biLM takes the exact step loop on a GPU, which needs rows longest first: rows given in another order
     are sorted by an index copied once per call (and one that puts them back), for every layer, without a wait."""
@@ -343,6 +367,19 @@ def test_the_spacy_component_and_its_listeners_on_a_gpu_wait_once_per_batch_and_
         assert [e.where.split(":")[0] for e in watch.transfers] == ["hf_elmo/text.py"] * 2  # ElmoBatch.to: ids, mask
         assert watch.launch_count <= SPACY_LAUNCHES["pipe"], watch.launches
         assert all(type(doc._.elmo_layers) is np.ndarray and doc._.elmo_layers.shape[1] == len(doc) for doc in docs)
+        # `mixed_precision` predictions: autocast in `runtime.reduced_precision` (bf16 on this GPU), no more waits.
+        shim = elmo_shim(nlp.get_pipe("elmo").model)
+        shim._mixed_precision = True
+        try:
+            list(nlp.pipe(texts))  # the cache's copies in bf16
+            with watch.recording():
+                mixed = list(nlp.pipe(texts))
+        finally:
+            shim._mixed_precision = False
+        assert [e.where.split(" ")[-1] for e in watch.syncs if e.project] == ["(_host_arrays)"]
+        assert [e.where.split(":")[0] for e in watch.transfers] == ["hf_elmo/text.py"] * 2
+        drift = max(float(np.abs(a._.elmo_layers - b._.elmo_layers).max()) for a, b in zip(mixed, docs))
+        assert 0 < drift <= 0.05 * max(float(np.abs(d._.elmo_layers).max()) for d in docs)  # bf16, not float32
         for kind in ("update reading", "update cached"):
             with watch.recording():
                 losses = nlp.update(examples, sgd=optimizer)
