@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -35,7 +37,7 @@ from .embed import (
 )
 from .extras import install_command
 from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
-from .runtime import OutOfDeviceMemoryError, bound_onednn_caches, set_threads
+from .runtime import HostWarning, OutOfDeviceMemoryError, bound_onednn_caches, set_threads
 from .text import expand_files, get_word_tokenizer
 
 
@@ -58,10 +60,25 @@ class ElmoCommand(TyperCommand):
             option.metavar = ""
         return option
 
+    def invoke(self, ctx: typer.Context) -> Any:
+        """The command, its `HostWarning`s (e.g. float32 for `--bf16` on a CPU without native bf16) shown as one line
+        `Warning: ...` on stderr, without a source line."""
+        with warnings.catch_warnings():
+            warnings.showwarning = partial(_show_warning, warnings.showwarning)
+            return super().invoke(ctx)
+
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
         arguments = [param.metavar or str(param.name).upper() for param in self.params
                      if param.param_type_name == "argument"]
         return [self.options_metavar, *arguments]
+
+
+def _show_warning(show: Callable, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """`HostWarning`s as one line; others as `show` shows them."""
+    if issubclass(category, HostWarning):
+        typer.echo(f"Warning: {message}", err=True)
+    else:
+        show(message, category, *args, **kwargs)
 
 
 app = typer.Typer(
@@ -347,7 +364,8 @@ def embed(
                                                 "process is busy on].")] = None,
     bf16: Annotated[
         bool, typer.Option("--bf16", help="Run the biLM under bf16 autocast (float32 output, not exact): for CPUs with "
-                           "native bf16 (AVX512-BF16, AMX) and GPUs.")
+                           "native bf16 (AVX512-BF16, AMX) and GPUs (float16 before Ampere); elsewhere float32, "
+                           "with a warning.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:

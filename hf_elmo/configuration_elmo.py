@@ -48,7 +48,7 @@ class ElmoKernelOptions:
         onednn: CPU float32 inference matmuls through oneDNN (True) or `F.linear`, i.e. MKL (False): the same IEEE
             float32 arithmetic summed in another order (outputs differ by ~1e-6). `"auto"`: MKL on Intel CPUs, where
             it runs its own fastest code, oneDNN elsewhere, where MKL takes its AVX2 path. Training (autograd) always
-            uses `F.linear`; the bf16 mode always packs for oneDNN.
+            uses `F.linear`; the bf16 mode packs for oneDNN wherever it packs bf16 weights (`runtime`).
         fused_lstm: `"auto"` runs the biLSTM through `nn.LSTM` (cuDNN) on a GPU for models without cell or
             projection clipping, where it computes the same function, else the step loop; `"always"` also for
             clipped models (an approximation: the original ELMo weights clip at 3); `"never"` the step loop.

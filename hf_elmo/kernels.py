@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .configuration_elmo import ElmoKernelOptions, integer_problem
-from .runtime import intel_cpu, native_bf16_cpu, onednn_available
+from .runtime import bf16_weight_packing, intel_cpu, native_bf16_cpu, onednn_available, warn
 
 # (h, c) of one layer: h (2, batch, P), c (2, batch, D); direction 0 is the forward LM, 1 the backward LM.
 LayerState = tuple[torch.Tensor, torch.Tensor]
@@ -230,8 +230,8 @@ def packed_lstm_weights(
       call costs about what it saves over the transposed view).
     - float32 (`onednn_usable`): the step weights packed per direction, never the input weight (one matmul per
       window, where a pack gains little).
-    - bf16 autocast (`bf16_autocast_inference`): all three packed per direction in bf16, which autocast would
-      otherwise cast again at every call and step.
+    - bf16 autocast (`bf16_autocast_inference`) where oneDNN packs bf16 (`runtime.bf16_weight_packing`): all three
+      packed per direction in bf16, which autocast would otherwise cast again at every call and step.
     - a GPU under autocast (`cuda_autocast_inference`), with `inference_cache`: the input weight cast to the autocast
       dtype and the step weights cast and transposed to (2, K, N), made once.
     """
@@ -254,7 +254,7 @@ def packed_lstm_weights(
         return None if inference_cache is None else [None, *inference_cache.transposed_weights(step_weights)]
     if onednn_usable(x, present[0], options):
         weights, dtype = [None, *step_weights], torch.float32
-    elif bf16_autocast_inference(x, present[0]):
+    elif bf16_autocast_inference(x, present[0]) and bf16_weight_packing():
         dtype = torch.bfloat16
     else:
         return None
@@ -267,14 +267,14 @@ def packed_linear_weight(
     weight: torch.Tensor, x: torch.Tensor, inference_cache: ElmoInferenceCache | None
 ) -> torch.Tensor:
     """A linear layer's (N, K) weight as `linear(x, ...)` reads it: in the bf16 mode (`bf16_autocast_inference`)
-    packed once in bf16 by `inference_cache`, which autocast would otherwise cast again at every call, else `weight`
-    itself (in float32 a packed copy gains nothing measurable: docs/performance.md)."""
+    where oneDNN packs bf16, packed once in bf16 by `inference_cache`, which autocast would otherwise cast again at
+    every call, else `weight` itself (in float32 a packed copy gains nothing measurable: docs/performance.md)."""
     if inference_cache is None:
         return weight
     cast = cuda_autocast_inference(x, weight)
     if cast is not None:  # on a GPU under autocast: cast once (autocast casts again at every call)
         return inference_cache.cast_weight(weight, cast)
-    if not bf16_autocast_inference(x, weight):
+    if not (bf16_autocast_inference(x, weight) and bf16_weight_packing()):
         return weight
     return inference_cache.packed_weights([weight], torch.bfloat16)[0][0]
 
@@ -387,8 +387,8 @@ class ElmoKernels:
         self._per_call: dict[object, object] = {}  # what a call makes once for all its layers
         if (input_ids.device.type == "cpu" and torch.is_autocast_enabled("cpu")
                 and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not native_bf16_cpu()):
-            warnings.warn("the biLM runs in bf16 (CPU bf16 autocast), but this CPU has no native bf16 "
-                          "(AVX512-BF16 or AMX): it is emulated, usually slower than float32", stacklevel=3)
+            warn("the biLM runs in bf16 (CPU bf16 autocast), but this CPU has no native bf16 (AVX512-BF16 or AMX): "
+                 "it is emulated, several times slower than float32")
 
     # -- linear layers -------------------------------------------------------------------------------------------
     def linear(

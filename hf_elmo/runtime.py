@@ -1,10 +1,14 @@
 """The host the biLM runs on, and the policy its callers (the CLI, the embedder, spaCy, training) share about it.
 
-- CPU facts: `cpu_name`, `intel_cpu`, `native_bf16_cpu`, `onednn_available` (read once, from /proc/cpuinfo and
-  torch's build).
+- CPU facts, every capability question the code asks of the host, each a small function that tests force either way:
+  `cpu_name`, `cpu_flags`, `intel_cpu` (MKL's own fastest code), `native_bf16_cpu` (bf16 matmuls in hardware),
+  `onednn_available` (oneDNN's float32 linear ops in this torch build), `bf16_weight_packing` (oneDNN packs bf16
+  weights on this CPU: asked of torch, never assumed from another fact). Read once, from /proc/cpuinfo and torch.
 - Threads: `default_threads` (the cores this process may use that nobody else is using) and `set_threads`.
 - oneDNN's kernel caches: `bound_onednn_caches`, so long runs over ever new batch shapes keep flat memory.
-- Precision: `reduced_precision` / `mixed_precision`, the one autocast dtype of inference on each device.
+- Precision: `reduced_precision` / `mixed_precision`, the one autocast dtype of inference on each device (float32 on
+  a CPU without native bf16, where bf16 is several times slower: one `HostWarning` says so).
+- Warnings about the host (`warn`, `HostWarning`), attributed to the user's line, not to a library's.
 - Memory: `halve_on_out_of_memory` reruns a batch the GPU has no memory for in halves (the biLM's rows never depend
   on each other); one sentence that does not fit alone is `OutOfDeviceMemoryError`, one line that says what to do.
 
@@ -17,6 +21,8 @@ import contextlib
 import math
 import os
 import platform
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
@@ -54,11 +60,17 @@ def cpu_name() -> str:
 
 
 @cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (/proc/cpuinfo: "avx2", "avx512f", "avx512_bf16", "amx_tile", …);
+    empty where they cannot be read."""
+    return frozenset(_cpuinfo_field("flags").split())
+
+
+@cache
 def native_bf16_cpu() -> bool:
-    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX, from the Linux CPU flags; False where
-    they cannot be read). Elsewhere bf16 autocast is emulated: slower than float32, or barely faster."""
-    flags = _cpuinfo_field("flags").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    """Whether this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX, from the CPU flags; False where they
+    cannot be read). Elsewhere bf16 is emulated: several times slower than float32 (docs/performance.md)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 @cache
@@ -79,6 +91,16 @@ def onednn_available() -> bool:
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
     return torch.equal(output, torch.full((1, 3), 2.0))
+
+
+@cache
+def bf16_weight_packing() -> bool:
+    """Whether oneDNN can pack bf16 weights on this CPU (its bf16 linear ops need AVX-512 BW/VL/DQ or AVX-NE-CONVERT;
+    torch says so itself). A CPU may pack bf16 without computing it natively (AVX-512 without AVX512-BF16)."""
+    try:
+        return onednn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
@@ -133,25 +155,58 @@ def set_threads(threads: int | None = None) -> None:
         torch.set_num_threads(default_threads())
 
 
+# -- warnings ----------------------------------------------------------------------------------------------------
+
+
+class HostWarning(UserWarning):
+    """The host makes the biLM run otherwise than asked (float32 for bf16), or slower than it could."""
+
+
+# Modules between a user's line and a warning about the host: this project (and its Hub remote code), and the
+# libraries its entry points run inside.
+_LIBRARY_MODULES = frozenset({"hf_elmo", "spacy_elmo", "transformers_modules", "transformers", "torch", "spacy",
+                              "thinc", "contextlib", "typer", "click"})
+
+
+def warn(message: str) -> None:
+    """`warnings.warn(message, HostWarning)`, attributed to the innermost caller outside this project and the
+    libraries it runs inside (e.g. the user's `embedder.embed_sentence(...)` line, not a transformers file)."""
+    frame, stacklevel = sys._getframe(1), 2  # stacklevel 1 is this function
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _LIBRARY_MODULES:
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(message, HostWarning, stacklevel=stacklevel)
+
+
 # -- precision ---------------------------------------------------------------------------------------------------
 
+# Measured on an AMD EPYC Zen 3 (AVX2): the original biLM runs ~6x slower in emulated bf16 than in float32.
+BF16_AS_FLOAT32 = ("bf16 was asked for, but this CPU has no native bf16 (AVX512-BF16 or AMX), where it runs several "
+                   "times slower than float32: running float32 instead (exact)")
 
-def reduced_precision(device: torch.device | str) -> torch.dtype:
-    """The dtype of the biLM's opt-in reduced-precision inference on `device`: bf16 on a CPU (native with
-    AVX512-BF16 or AMX, emulated elsewhere, which `ElmoKernels` warns about) and on GPUs that compute it (Ampere
-    on), float16 on older GPUs."""
+
+def reduced_precision(device: torch.device | str) -> torch.dtype | None:
+    """The dtype of the biLM's opt-in reduced-precision inference on `device`: bf16 on a CPU with native bf16
+    (AVX512-BF16 or AMX) and on GPUs that compute it (Ampere on), float16 on older GPUs; None (float32) on a CPU
+    without native bf16, where emulated bf16 is several times slower than float32 (docs/performance.md)."""
     device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        return torch.float16
-    return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return torch.bfloat16 if native_bf16_cpu() else None
+
+
+def inference_dtype(device: torch.device | str, reduced: bool) -> torch.dtype | None:
+    """The autocast dtype of inference on `device` when reduced precision is asked for (`reduced`):
+    `reduced_precision(device)`, and where that is float32 a `HostWarning` saying so; None without `reduced`."""
+    dtype = reduced_precision(device) if reduced else None
+    if reduced and dtype is None:
+        warn(BF16_AS_FLOAT32)
+    return dtype
 
 
 def mixed_precision(device: torch.device | str, enabled: bool = True) -> contextlib.AbstractContextManager:
-    """`torch.autocast` on `device` in `reduced_precision(device)` when `enabled`, else nothing."""
-    if not enabled:
-        return contextlib.nullcontext()
-    device = torch.device(device)
-    return torch.autocast(device.type, dtype=reduced_precision(device))
+    """`torch.autocast` on `device` in `inference_dtype(device, enabled)`; nothing where that is float32."""
+    dtype = inference_dtype(device, enabled)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 # -- device memory -----------------------------------------------------------------------------------------------

@@ -68,8 +68,10 @@ def elmo_bilm_v2(
         directory).
         Training configs give the weights in `[initialize.components.elmo.weights]` instead.
     max_batch_tokens (int): padded positions (rows x longest row) per biLM call; bounds memory on any input.
-    mixed_precision (bool): run the biLM under autocast: float16 on a GPU; on a CPU, bf16 for predictions (CPUs
-        with AMX or AVX512-BF16; not exact: see docs/performance.md), float32 for fine-tuning.
+    mixed_precision (bool): run the biLM under autocast (`hf_elmo.runtime.reduced_precision`): on a GPU, bf16
+        (Ampere on) or float16; on a CPU with AMX or AVX512-BF16, bf16 for predictions (not exact: see
+        docs/performance.md), float32 for fine-tuning; on other CPUs, where bf16 is several times slower, float32
+        with a warning.
     grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
     """
     if name:

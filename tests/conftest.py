@@ -3,13 +3,15 @@ session). Helpers that are not fixtures live in `elmo_fixtures.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from elmo_fixtures import ALLENNLP, TINY_CONFIG, require, tiny_config
 from fake_hub import FakeHub, patch_hub_client
+from host_cpus import Pretended, forget_capabilities, pretend
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +23,14 @@ def fake_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
     """
     with FakeHub() as hub, patch_hub_client(hub.url, tmp_path_factory.mktemp("hf_home")):
         yield hub
+
+
+@pytest.fixture
+def pretend_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Pretended]]:
+    """`pretend_cpu(name)`: `hf_elmo.runtime` answers as CPU `name` of `host_cpus.CPUS` ("avx2", "avx512",
+    "avx512_bf16", "amx") for the rest of the test; afterwards it reads the real CPU again."""
+    yield partial(pretend, monkeypatch)
+    forget_capabilities()
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -426,21 +427,31 @@ def test_embedding_in_parts_needs_a_file_and_a_valid_rank(tiny_model, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # nothing written
 
 
-def test_bf16_is_opt_in_close_to_float32_and_gives_float32(tiny_model):
-    """bf16 autocast runs only when asked for, says when the CPU would emulate it, and changes the vectors by bf16
-    rounding only (not exact: the default stays float32)."""
+@pytest.mark.parametrize("cpu", ["avx2", "avx512", "avx512_bf16", "amx"])
+def test_bf16_is_opt_in_runs_where_the_cpu_has_native_bf16_else_float32_with_one_warning(tiny_model, pretend_cpu, cpu):
+    """bf16 autocast runs only when asked for and changes the vectors by bf16 rounding only (not exact: the default
+    stays float32). On a CPU without native bf16, where it would be several times slower, the embedder runs float32
+    (exact) and says so once, naming the line that made it."""
     import warnings
 
-    from hf_elmo.runtime import native_bf16_cpu
+    from hf_elmo.runtime import BF16_AS_FLOAT32, HostWarning
 
+    pretend_cpu(cpu)
+    native = cpu in ("avx512_bf16", "amx")
     sentences = [["The", "bank", "of", "the", "river", "."], ["Hi"], [f"w{i}" for i in range(40)]]
-    exact, low = ElmoEmbedder(tiny_model), ElmoEmbedder(tiny_model, bf16=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        exact, low = ElmoEmbedder(tiny_model), ElmoEmbedder(tiny_model, bf16=True)
+        line = sys._getframe().f_lineno - 1
         low_vectors = low.embed_batch(sentences)
-    assert any("no native bf16" in str(w.message) for w in caught) == (not native_bf16_cpu())
+    assert low.bf16 is native and not exact.bf16
+    assert [(w.category, str(w.message), w.filename, w.lineno) for w in caught] == (
+        [] if native else [(HostWarning, BF16_AS_FLOAT32, __file__, line)])
     for a, b in zip(exact.embed_batch(sentences), low_vectors, strict=True):
         assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+        if not native:
+            np.testing.assert_array_equal(a, b)
+            continue
         assert 0 < np.abs(a - b).max() < 0.05 * np.abs(a).max()  # bf16 really ran, and only rounded
         cosine = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
         assert cosine.min() > 0.999

@@ -5,6 +5,8 @@ computes beyond float32 rounding, and `ElmoInferenceCache` follows the weights a
 import copy
 import pickle
 import re
+import sys
+import warnings
 from dataclasses import asdict
 
 import pytest
@@ -257,32 +259,44 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(toke
     both_paths()
 
 
-def test_bf16_autocast_packs_the_lstm_and_highway_weights_once_in_bf16_and_stays_close_to_float32(tokenizer):
-    """The opt-in CPU bf16 mode (inference under `torch.autocast("cpu", dtype=torch.bfloat16)`): the LSTM input,
-    recurrent and projection weights and the char CNN's highway and projection weights are packed once in bf16
-    (autocast would cast them again at every call and step), whatever the float32 matmul choice, and the vectors
-    stay within bf16 rounding of float32."""
-    from hf_elmo.runtime import onednn_available
+@pytest.mark.parametrize("cpu", ["avx2", "avx512", "avx512_bf16", "amx"])
+def test_bf16_autocast_packs_the_weights_where_onednn_can_and_stays_close_to_float32_on_every_cpu(
+    tokenizer, pretend_cpu, cpu
+):
+    """Inference under `torch.autocast("cpu", dtype=torch.bfloat16)` (the bf16 mode, or a user's own autocast): where
+    oneDNN packs bf16 weights (`runtime.bf16_weight_packing`), the LSTM input, recurrent and projection weights and
+    the char CNN's highway and projection weights are packed once in bf16 (autocast would cast them again at every
+    call and step), whatever the float32 matmul choice; where it cannot (AVX2), autocast casts them, and nothing
+    fails. The vectors stay within bf16 rounding of float32 either way. Without native bf16 the model warns once
+    that bf16 is emulated, naming the line that called it."""
+    from hf_elmo.runtime import HostWarning, onednn_available
 
+    pretended = pretend_cpu(cpu)
     torch.manual_seed(0)
     model = ElmoModel(tiny_config()).eval()
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
     cache = ElmoInferenceCache(token_cache_size=0)
-    with torch.inference_mode():
+    with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         float32 = model(**encoded, inference_cache=cache).hidden_states
-        assert {dtype for _, dtype in cache._packed} <= {torch.float32}
+        assert {dtype for _, dtype in cache._packed} <= {torch.float32} and not caught
         with torch.autocast("cpu", dtype=torch.bfloat16):
             packed = model(**encoded, inference_cache=cache).hidden_states
+            line = sys._getframe().f_lineno - 1
             again = model(**encoded, inference_cache=cache).hidden_states
+            packed_by_the_cache = len(pretended.bf16_packs)
             model.config.kernel_options = dict(onednn=not uses_onednn(model.config.kernels()))
             other_float32_choice = model(**encoded).hidden_states
+    emulated = [(w.filename, w.lineno) for w in caught if w.category is HostWarning and "emulated" in str(w.message)]
+    assert emulated[:1] == ([] if cpu in ("avx512_bf16", "amx") else [(__file__, line)])
     bf16_entries = [entry for (_, dtype), entry in cache._packed.items() if dtype == torch.bfloat16]
-    # 3 weights of 2 LSTM layers, the 2 highway layers and the projection, packed once.
-    assert len(bf16_entries) == (9 if onednn_available() else 0)
+    # 3 weights of 2 LSTM layers, the 2 highway layers and the projection, packed once (each LSTM weight per direction).
+    packs = pretended.cpu.bf16_packing and onednn_available()
+    assert len(bf16_entries) == (9 if packs else 0) and packed_by_the_cache == (15 if packs else 0)
     assert all(matrix.dtype == torch.bfloat16 for entry in bf16_entries for matrix in entry[2])
     mask = encoded["attention_mask"].bool()
     for a, b, c, reference in zip(packed, again, other_float32_choice, float32):
-        assert torch.equal(a, b) and torch.equal(a, c)
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b) and torch.equal(a, c)
         a, reference = a.float()[mask], reference[mask]
         assert (a - reference).abs().max() <= 0.02 * reference.abs().max()
         assert torch.cosine_similarity(a, reference, dim=-1).min() > 0.999

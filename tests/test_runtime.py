@@ -3,9 +3,13 @@ features, precision)."""
 
 import os
 import platform
+import re
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
+from host_cpus import forget_capabilities, real_bf16_packing
 
 from hf_elmo import runtime
 
@@ -57,26 +61,57 @@ def test_cpu_name_is_lscpus_model_name_else_the_platforms(monkeypatch):
     assert runtime.cpu_name() == (platform.processor() or platform.machine()) != ""
 
 
-def test_native_bf16_is_read_from_the_cpu_flags(monkeypatch):
+def test_native_bf16_is_read_from_the_cpu_flags(monkeypatch, pretend_cpu):
     for flags, native in (("fpu avx2 avx512f", False), ("avx512f avx512_bf16", True), ("amx_bf16 amx_tile", True),
                           ("", False)):
         monkeypatch.setattr(runtime, "_cpuinfo_field", lambda name, f=flags: f if name == "flags" else "")
-        runtime.native_bf16_cpu.cache_clear()
+        forget_capabilities()
         assert runtime.native_bf16_cpu() is native
-    runtime.native_bf16_cpu.cache_clear()
+    for cpu, native in (("avx2", False), ("avx512", False), ("avx512_bf16", True), ("amx", True)):
+        pretend_cpu(cpu)
+        assert runtime.native_bf16_cpu() is native
+
+
+def test_bf16_weight_packing_is_asked_of_torch_not_assumed_from_the_flags(monkeypatch, pretend_cpu):
+    """oneDNN packs bf16 weights where torch says so (AVX-512 BW/VL/DQ or AVX-NE-CONVERT), which is neither native
+    bf16 (AVX-512 without AVX512-BF16 packs it) nor implied by the flags; without oneDNN's linear ops, never."""
+    for cpu, packs in (("avx2", False), ("avx512", True), ("avx512_bf16", True), ("amx", True)):
+        pretend_cpu(cpu)
+        assert runtime.bf16_weight_packing() is packs
+    pretend_cpu("avx512")
+    assert runtime.bf16_weight_packing() and not runtime.native_bf16_cpu()
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    forget_capabilities()
+    assert not runtime.onednn_available() and not runtime.bf16_weight_packing()
+    monkeypatch.delattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported")  # a torch without the question
+    monkeypatch.undo()
+    forget_capabilities()
+    assert runtime.bf16_weight_packing() is real_bf16_packing()
 
 
 @pytest.mark.parametrize("bf16_gpu", [True, False])
-def test_reduced_precision_is_bf16_on_cpus_and_gpus_that_compute_it_else_float16(monkeypatch, bf16_gpu):
+@pytest.mark.parametrize("cpu", ["avx2", "avx512", "avx512_bf16", "amx"])
+def test_reduced_precision_is_bf16_where_it_is_native_float16_on_older_gpus_else_float32(
+    monkeypatch, pretend_cpu, cpu, bf16_gpu
+):
     """One choice for every caller: `elmo embed --bf16`, `ElmoEmbedder(bf16=True)` and the spaCy component's
-    `mixed_precision` predictions."""
+    `mixed_precision` predictions. On a CPU without native bf16 (emulated bf16 is several times slower than float32
+    there: docs/performance.md) float32, with one `HostWarning` naming the caller's line."""
+    pretend_cpu(cpu)
+    native = cpu in ("avx512_bf16", "amx")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_gpu)
-    assert runtime.reduced_precision("cpu") == torch.bfloat16
+    assert runtime.reduced_precision("cpu") == (torch.bfloat16 if native else None)
     assert runtime.reduced_precision(torch.device("cuda", 1)) == (torch.bfloat16 if bf16_gpu else torch.float16)
-    with runtime.mixed_precision("cpu"):
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    with runtime.mixed_precision("cpu", enabled=False):
-        assert not torch.is_autocast_enabled("cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with runtime.mixed_precision("cpu"):
+            assert torch.is_autocast_enabled("cpu") is native
+            assert not native or torch.get_autocast_dtype("cpu") == torch.bfloat16
+        with runtime.mixed_precision("cpu", enabled=False):
+            assert not torch.is_autocast_enabled("cpu")
+        assert runtime.inference_dtype("cpu", reduced=False) is None
+    assert [(w.category, w.filename) for w in caught] == ([] if native else [(runtime.HostWarning, __file__)])
+    assert native or str(caught[0].message) == runtime.BF16_AS_FLOAT32
 
 
 def test_bound_onednn_caches_keeps_what_the_environment_says(monkeypatch):
@@ -85,3 +120,23 @@ def test_bound_onednn_caches_keeps_what_the_environment_says(monkeypatch):
     runtime.bound_onednn_caches()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
     assert os.environ["LRU_CACHE_CAPACITY"] == str(runtime.ONEDNN_CACHE_CAPACITY) == "64"
+
+
+# What asks the host what it can do: its CPU flags or vendor, torch's answers about its CPU kernels, a GPU's bf16.
+CAPABILITY_QUESTION = re.compile(r"/proc/cpuinfo|\bcpuinfo\b|\bavx\w*|\bamx_\w+|_is_mkldnn\w*|get_cpu_capability|"
+                                 r"backends\.(?:mkldnn|mkl|cpu)\.|is_bf16_supported|platform\.processor|lscpu")
+
+
+def test_every_capability_question_is_asked_in_runtime_alone():
+    """So that the tests can force every answer (tests/host_cpus.py): a question asked elsewhere would follow the CPU
+    running the tests, not the one they pretend."""
+    repo = Path(__file__).resolve().parents[1]
+    sources = [path for package in ("hf_elmo", "spacy_elmo", "training", "benchmarks")
+               for path in (repo / package).rglob("*.py") if path != repo / "hf_elmo" / "runtime.py"]
+    found = [f"{path.relative_to(repo)}:{number}: {line.strip()}" for path in sources
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if CAPABILITY_QUESTION.search(line)]
+    assert found == []
+    assert CAPABILITY_QUESTION.search("flags = open('/proc/cpuinfo').read()")
+    assert CAPABILITY_QUESTION.search("torch.ops.mkldnn._is_mkldnn_bf16_supported()")
+    assert CAPABILITY_QUESTION.search('"avx512_vnni" in flags') and not CAPABILITY_QUESTION.search("AVX512-BF16 or AMX")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import shutil
+import sys
 import warnings
 
 import numpy as np
@@ -154,26 +155,37 @@ def test_float16_storage_halves_the_memory(elmo_dir):
         elmo_pipeline(elmo_dir, store_dtype="int8")
 
 
-def test_mixed_precision_on_a_cpu_predicts_in_bf16_close_to_float32(elmo_dir, nlp):
-    """Thinc autocasts only on CUDA; on a CPU `mixed_precision` runs predictions in the biLM's bf16 mode (LSTM
-    weights packed in bf16 in the component's cache, the char CNN's filters and biases cast there once), and warns
-    on CPUs without native bf16."""
-    from hf_elmo.runtime import native_bf16_cpu, onednn_available
+@pytest.mark.parametrize("cpu", ["avx2", "avx512", "amx"])
+def test_mixed_precision_on_a_cpu_predicts_in_bf16_where_native_else_float32_with_one_warning(
+    elmo_dir, pretend_cpu, cpu
+):
+    """Thinc autocasts only on CUDA; on a CPU with native bf16 `mixed_precision` runs predictions in the biLM's bf16
+    mode (LSTM weights packed in bf16 in the component's cache, the char CNN's filters and biases cast there once).
+    Without native bf16, where it would be several times slower, predictions are float32 (exact), and a warning
+    names the line that ran the pipeline."""
+    from hf_elmo.runtime import BF16_AS_FLOAT32, HostWarning, onednn_available
 
+    pretend_cpu(cpu)
+    native = cpu == "amx"
     bf16_nlp = elmo_pipeline(elmo_dir, model={"mixed_precision": True})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         bf16 = bf16_nlp(TEXT)._.elmo_layers
-    assert any("no native bf16" in str(w.message) for w in caught) == (not native_bf16_cpu())
-    assert not any("CUDA is not available" in str(w.message) for w in caught)  # Thinc's CUDA autocast request
-    exact = nlp(TEXT)._.elmo_layers
+        line = sys._getframe().f_lineno - 1
+    assert [(w.category, str(w.message), w.filename, w.lineno) for w in caught] == (
+        [] if native else [(HostWarning, BF16_AS_FLOAT32, __file__, line)])  # nor Thinc's CUDA autocast request
+    exact = elmo_pipeline(elmo_dir)(TEXT)._.elmo_layers
     assert bf16.dtype == np.float32 and bf16.shape == exact.shape
+    cache = elmo_shim(bf16_nlp.get_pipe("elmo").model).inference_cache
+    if not native:
+        np.testing.assert_array_equal(bf16, exact)
+        assert {form for _, form in cache._packed} <= {torch.float32}
+        return
     assert not np.array_equal(bf16, exact)
     assert np.abs(bf16 - exact).max() <= 0.02 * np.abs(exact).max()
     flat_bf16, flat_exact = bf16.reshape(-1, bf16.shape[-1]), exact.reshape(-1, exact.shape[-1])
     cosine = (flat_bf16 * flat_exact).sum(1) / np.linalg.norm(flat_bf16, axis=1) / np.linalg.norm(flat_exact, axis=1)
     assert cosine.min() > 0.999
-    cache = elmo_shim(bf16_nlp.get_pipe("elmo").model).inference_cache
     forms = {torch.bfloat16, ("cast", torch.bfloat16, False)}
     assert {form for _, form in cache._packed} == (forms if onednn_available() else set())
 

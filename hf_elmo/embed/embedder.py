@@ -16,7 +16,7 @@ import torch
 from ..kernels import ElmoInferenceCache
 from ..loading import DEFAULT_MODEL_NAME, load_model, load_original, load_tokenizer
 from ..modeling_elmo import ElmoModel, ElmoScalarMix
-from ..runtime import halve_on_out_of_memory, mixed_precision
+from ..runtime import halve_on_out_of_memory, inference_dtype, mixed_precision
 from ..text import ElmoBatch, length_batches
 from ..tokenization_elmo import ElmoCharTokenizer
 from .files import embed_file
@@ -62,7 +62,8 @@ class ElmoEmbedder:
         bf16 (`bool`, False): run the biLM under bf16 autocast (outputs still float32; float16 on GPUs older than
             Ampere: `runtime.reduced_precision`): several times faster on CPUs with native bf16 (AVX512-BF16, AMX)
             and on GPUs, not exact (measured on the default model: see docs/performance.md). Never chosen on its
-            own; a warning says when the CPU has no native bf16.
+            own. On a CPU without native bf16, where it is several times slower, float32 (`self.bf16` False), with a
+            `runtime.HostWarning`.
         settings (`EmbedSettings`, optional): all of `layers` to `weight_file` (but `cuda_device`) at once, as
             `elmo embed` gives them; the arguments are checked by making one (an `EmbedSettingError` names the one
             at fault).
@@ -115,7 +116,7 @@ class ElmoEmbedder:
         self.buffer_tokens = settings.buffer_tokens or 4 * settings.batch_tokens
         self.batch_size = settings.batch_size
         self.max_sentence_words = settings.max_sentence_words
-        self.bf16 = settings.bf16
+        self.bf16 = inference_dtype(self.device, settings.bf16) is not None  # float32 where bf16 is slower
         self.layers = settings.layers
         self.mix = None
         num_layers = self.model.config.num_output_layers

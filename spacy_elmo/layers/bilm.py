@@ -65,8 +65,8 @@ class ElmoShim(TorchShim):
 
     `name`: where the weights come from when nothing else gives them (`default`, a published model, a directory or a
     Hub id; from the config at every load, never saved). `mixed_precision`: predictions under autocast in
-    `hf_elmo.runtime.reduced_precision` (bf16 on a CPU, the biLM's opt-in bf16 mode, for CPUs with AMX /
-    AVX512-BF16); fine-tuning under Thinc's CUDA autocast.
+    `hf_elmo.runtime.reduced_precision` (on a CPU with AMX / AVX512-BF16 the biLM's opt-in bf16 mode; float32 with a
+    warning on other CPUs); fine-tuning under Thinc's CUDA autocast.
     """
 
     def __init__(self, name: str = "", mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
