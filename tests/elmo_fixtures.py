@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,12 @@ def require(path: Path) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def message_words(output: str) -> str:
+    """A command's output as its words, one space apart: what a message says, whatever the terminal's width made of
+    it (line breaks, and the borders of rich's error panel)."""
+    return " ".join(re.sub("[\u2500-\u257f]", " ", output).split())
 
 
 def sentences(path: Path) -> list[list[str]]:

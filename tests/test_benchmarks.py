@@ -25,7 +25,11 @@ def test_bench_training_prints_tokens_per_second_and_the_fraction_of_peak_of_its
     assert figures["tokens_per_second"] > 0 and figures["step_gflops_per_second"] > 0
     peaks = figures["matmul_peak_gflops_per_second"]
     peak = peaks["bf16"] if bf16 else max(peaks["mkl"], peaks["onednn"])
-    assert figures["fraction_of_matmul_peak"] == pytest.approx(figures["step_gflops_per_second"] / peak, abs=0.002)
+    # Each figure is printed rounded (GFLOP/s to 0.1, the fraction to 0.001): the fraction lies within what the
+    # printed figures allow, on a fast machine or a slow one.
+    step = figures["step_gflops_per_second"]
+    assert (step - 0.05) / (peak + 0.05) - 5e-4 <= figures["fraction_of_matmul_peak"] <= (
+        (step + 0.05) / (peak - 0.05) + 5e-4)
 
 
 def test_bench_inference_bf16_prints_its_distance_to_float32():
@@ -108,15 +112,16 @@ def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_p
     configs, which test_spacy_configs.py builds for every placement and test_spacy_train_command.py trains; the
     pretraining jobs only in their recipes, which test_training.py parses)."""
     phases = "tests,parity,inference,embed,spacy/ner-elmo-mixed,spacy/textcat-elmo,pretrain/english_default_gpu"
+    # Limits 3 times the CPU form's own: this checks that every job works, on any machine (speed is not asserted).
     output = run_python(REPO / "benchmarks" / "gpu_check.py", "--device", "cpu", "--out", tmp_path, "--phases",
-                        phases, timeout=600)
+                        phases, "--limit-scale", 3, timeout=900)
     assert "all jobs ok" in output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json", "gpu_check.log", "gpu_check.md"]
     assert (tmp_path / "gpu_check.log").stat().st_size < 2**20
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     jobs = {result["job"]: result for results in report["phases"].values() for result in results}
     assert list(report["phases"]) == ["tests", "parity", "inference", "embed", "spacy", "pretrain"]
-    assert all(job["status"] == "ok" and job["wall_seconds"] < job["limit_seconds"] for job in jobs.values())
+    assert all(job["status"] == "ok" for job in jobs.values())
     assert jobs["tests"]["failures"] == jobs["tests"]["errors"] == 0 and jobs["tests"]["skipped"] >= 9
     parity = jobs["parity"]
     assert max(parity["float32"]["max_abs_per_layer"]) == 0.0  # the CPU against itself
@@ -130,17 +135,26 @@ def test_gpu_check_runs_every_phase_in_its_cpu_form_and_writes_its_reports(tmp_p
         assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 100 and len(profile["top_host"]) == 10
     assert sorted(jobs) == sorted(["tests", "parity", "inference", "embed", "spacy/ner-elmo-mixed",
                                    "spacy/textcat-elmo", "pretrain/english_default_gpu"])
-    embed = jobs["embed"]  # `elmo embed` of the 16 sentences, 440 words: (words, layers, width), no warning but
-    assert embed["shape"] == [embed["words"], 3, 512] and embed["finite"]  # the one where bf16 is emulated
-    assert all("project | UserWarning" in key and "no native bf16" in key for key in embed["warnings"]) and (
-        embed["warnings_total"] == 0 or not native_bf16_cpu())
+    embed = jobs["embed"]  # `elmo embed` of the 16 sentences, 440 words: (words, layers, width), no warning (the
+    assert embed["shape"] == [embed["words"], 3, 512] and embed["finite"]  # CLI's own line is not a Python warning)
+    assert embed["warnings_total"] == 0
     assert sorted(embed["commands"]) == ["bf16 .hdf5", "bf16 .npy", "float32 .hdf5", "float32 .npy"]
     assert all(command["words_per_second"] > 0 and command["bytes"] > 4 * 3 * 512 * embed["words"]
                for command in embed["commands"].values())
-    assert 0 < embed["bf16_max_abs"] < 0.2 and embed["bf16_min_row_cosine"] > 0.999
+    # --bf16 runs bf16 where this CPU has it natively, else float32 (then the same vectors).
+    assert embed["bf16_runs_as"] == ("bfloat16" if native_bf16_cpu() else "float32")
+    if native_bf16_cpu():
+        assert 0 < embed["bf16_max_abs"] < 0.2 and embed["bf16_min_row_cosine"] > 0.999
+    else:
+        assert embed["bf16_max_abs"] == 0
     for name, steps in (("ner-elmo-mixed", 6), ("textcat-elmo", 4)):
         run = jobs[f"spacy/{name}"]
-        assert run["steps"] == steps and run["steps_per_second"] > 0 and run["warnings_in_steps"] == 0
+        assert run["steps"] == steps and run["steps_per_second"] > 0
+        # mixed_precision on a CPU without native bf16: float32, and the warning that says so (shown once by Python's
+        # default filters; counted at each prediction here).
+        in_steps = [key for key in run["warnings"] if key.startswith("steps")]
+        assert all("HostWarning: bf16 was asked for" in key for key in in_steps)
+        assert not in_steps if native_bf16_cpu() or name != "ner-elmo-mixed" else len(in_steps) == 1
         assert run["pipeline_words_per_second_dev"] > 0 and any(key.startswith("dev_") for key in run)
         timed = [run[key] for key in ("ms_per_step_reading", "ms_per_step_cached") if key in run]
         assert sum(stages["steps"] for stages in timed) == run["timed_steps"] >= 2

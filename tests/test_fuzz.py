@@ -30,9 +30,9 @@ from hf_elmo import ElmoCharTokenizer, ElmoModel
 from hf_elmo.embed import ElmoEmbedder, embed_file
 from hf_elmo.text import read_lines, split_into_words
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
+# Slow (subprocesses and long runs: left out of the fast subset); one torch thread (the tiny models' per-step overhead
+# dominates, and a second thread waits on a busy core).
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 TROUBLE = (" \t\n\r\x00\x0b\x1b\u00a0\u2028\ufeff\u200b\u200d\udc80\udcff\ud800'\".,-–—“”!?()[]<>/\\:;"
            "😀👩\u200d👩\u200d👧中文e\u0301")

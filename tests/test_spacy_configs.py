@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import spacy
-from elmo_fixtures import require
+from elmo_fixtures import message_words, require
 from spacy.pipeline import Sentencizer
 from spacy.training import Example
 from spacy.util import registry
@@ -171,7 +171,7 @@ def test_init_config_writes_the_bcn_encoder_and_names_what_is_wrong(tmp_path):
     for task, encoder, message in (("ner", "bcn", "the bcn encoder is for text classification (textcat), not ner"),
                                    ("textcat", "cnn", "unknown encoder 'cnn'; choose one of bilstm, bcn")):
         result = CliRunner().invoke(app, ["init-config", task, str(tmp_path / "x.cfg"), "--encoder", encoder])
-        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+        assert result.exit_code == 2 and message in message_words(result.output), result.output
         assert "Traceback" not in result.output and not (tmp_path / "x.cfg").exists()
 
 
