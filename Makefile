@@ -1,42 +1,50 @@
-# Quick start: `make demo` (set up and run the demo on the embedded English model), `make test` (set up and pass
-# the tests; `make test-fast` leaves out the tests marked slow). Both make the virtualenv when it is missing, and
-# install again only when setup.cfg or pyproject.toml changed.
+# Quick start: `make demo` (set up the package and run the demo on the embedded English model), `make test` (set up
+# the package with its `dev` extra and pass the tests; `make test-fast` leaves out the tests marked slow). Both make
+# the virtualenv when it is missing, and install again only when setup.cfg or pyproject.toml changed.
 PYTHON ?= python3
 VENV ?= .venv
-# torch is installed first, pinned, when the virtualenv has none (an unpinned torch pulls GBs of CUDA
-# packages); override, e.g. `make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"`.
-TORCH_SPEC ?= torch==2.13.0
+# torch is installed first when the virtualenv has none: the CPU build, or the CUDA build TORCH names (TORCH=cu126),
+# from PyTorch's own index where it is reachable, else pip's own index (tools/install_torch.py says which it got).
+TORCH ?= cpu
+TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
-INSTALLED := $(VENV)/.installed
 
 .PHONY: venv demo test test-fast bench gpu-check
 
-venv: $(INSTALLED)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 
-$(INSTALLED): setup.cfg pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH_SPEC)
+# The package alone (what the demo needs), and with the `dev` extra (what the tests need).
+$(VENV)/.installed-core: setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(PYTHON) tools/install_torch.py --pip $(BIN)/pip \
+		--python $(BIN)/python --build $(TORCH) --version $(TORCH_VERSION)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed-core
 	$(BIN)/pip install --quiet -e ".[dev]"
-	touch $(INSTALLED)
+	touch $@
 
-demo: venv
+venv: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed-core
 	$(BIN)/elmo demo
 
 # transformers' own common model tests come from its sdist (the package index), once per transformers version.
-test: venv
-	$(BIN)/ruff check hf_elmo spacy_elmo tests benchmarks
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check hf_elmo spacy_elmo elmo_cli tests benchmarks tools
 	$(BIN)/python tests/transformers_tests.py
 	$(BIN)/python -m pytest
 
-test-fast: venv
-	$(BIN)/ruff check hf_elmo spacy_elmo tests benchmarks
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/ruff check hf_elmo spacy_elmo elmo_cli tests benchmarks tools
 	$(BIN)/python tests/transformers_tests.py
 	$(BIN)/python -m pytest -m "not slow"
 
-bench: venv
+bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_inference.py
 
 # Every GPU path checked and measured in at most 7 minutes (without CUDA: the same phases on the CPU at toy sizes);
 # the report goes to $OUT or gpu_check/ (benchmarks/README.md).
-gpu-check: venv
+gpu-check: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)

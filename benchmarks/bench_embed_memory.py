@@ -45,7 +45,7 @@ def run_embed(
     model: str, input_file: Path, output_file: Path, threads: int, layers: str, max_sentence_words: int
 ) -> tuple[float, int]:
     """Seconds and peak RSS (bytes) of one `elmo embed` process."""
-    command = [sys.executable, "-m", "hf_elmo.cli", "embed", model, str(input_file), str(output_file), "--tokenized",
+    command = [sys.executable, "-m", "elmo_cli", "embed", model, str(input_file), str(output_file), "--tokenized",
                "--layers", layers, "--threads", str(threads), "--max-sentence-words", str(max_sentence_words),
                "--quiet"]
     started = time.perf_counter()

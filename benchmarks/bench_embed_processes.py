@@ -28,7 +28,7 @@ from hf_elmo.runtime import cpu_name
 def embed(model: str, input_file: Path, output_file: Path, processes: int, threads: int) -> float:
     """Seconds of one `elmo embed` run (under torchrun when `processes` > 1)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
-    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "hf_elmo.cli", "embed", model,
+    command = [*(launcher if processes > 1 else [sys.executable]), "-m", "elmo_cli", "embed", model,
                str(input_file), str(output_file), "--tokenized", "--layers", "average", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()

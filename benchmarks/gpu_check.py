@@ -582,7 +582,7 @@ def worker_embed(device: str, sizes: Sizes, work: Path, result: Result) -> None:
     import numpy as np
     import torch
 
-    from hf_elmo.cli import app
+    from elmo_cli import app
     from hf_elmo.runtime import reduced_precision
 
     sentences = conll_sentences("valid", sizes.inference_sentences)

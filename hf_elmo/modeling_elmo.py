@@ -457,6 +457,26 @@ class ElmoPreTrainedModel(PreTrainedModel):
                 bound = math.sqrt(6.0 / (cell + hidden))
                 init.uniform_(module.projection_weight, -bound, bound)
 
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters per part of the biLM (`elmo info`): char embedding + CNN, the word embedding (ELMoForManyLangs'
+        models), highway, projection, each biLSTM layer, the softmax (`ElmoForBidirectionalLM`), and the total
+        (a task model's head included)."""
+        elmo, cnn = self.base_model, self.base_model.char_cnn
+
+        def size(*modules: nn.Module) -> int:
+            return sum(parameter.numel() for module in modules for parameter in module.parameters())
+
+        counts = {
+            "char embedding + CNN": size(cnn.char_embedding, cnn.convs),
+            **({"word embedding": size(cnn.word_embedding)} if cnn.word_embedding is not None else {}),
+            "highway": size(cnn.highway),
+            "projection": size(cnn.projection),
+            **{f"biLSTM layer {index + 1}": size(layer) for index, layer in enumerate(elmo.bilstm.layers)},
+            **({"softmax": size(self.softmax)} if getattr(self, "softmax", None) is not None else {}),
+        }
+        counts["total"] = size(self)
+        return counts
+
     def resize_token_embeddings(self, *args, **kwargs) -> NoReturn:
         """ELMo has no token vocabulary to resize: its input is characters (UTF-8 bytes, a fixed table of
         `n_characters` rows), so every word, new or not, already has a representation."""

@@ -68,6 +68,14 @@ def test_bench_latency_bound_prints_the_latency_with_and_without_the_gate_math()
     assert name == "small" and all(float(ms) > 0 for ms in (as_is, as_is_25, bound, bound_25))
 
 
+def test_bench_cli_start_prints_each_answers_seconds_beside_the_import():
+    output = run_python(REPO / "benchmarks" / "bench_cli_start.py", "--runs", 1)
+    rows = output.strip().splitlines()[1:]
+    assert rows[0].startswith("python -c 'import hf_elmo'") and len(rows) == 7
+    assert all(float(row.split(" s")[0].split()[-1]) > 0 for row in rows)
+    assert all("x faster than the import" in row for row in rows[1:])
+
+
 def test_bench_tokenizer_prints_both_vocabularies_and_their_ratio():
     output = run_python(REPO / "benchmarks" / "bench_tokenizer.py", "--sentences", 20, "--length", 5, "--repeats", 1)
     lines = output.splitlines()

@@ -16,8 +16,8 @@ from elmo_fixtures import ALLENNLP as FIXTURES
 from elmo_fixtures import TINY_CONFIG, direct_layers, message_words
 from typer.testing import CliRunner
 
+from elmo_cli import app
 from hf_elmo import ElmoConfig, ElmoForBidirectionalLM, ElmoModel, split_words
-from hf_elmo.cli import app, parameter_counts
 
 # Wide enough that rich never wraps an error message (a temporary path) inside its panel.
 runner = CliRunner(env={"COLUMNS": "1000"})
@@ -38,10 +38,44 @@ def assert_clean_failure(result, message: str, exit_code: int | None = None) -> 
 
 
 def test_version():
+    import torch
+
     from hf_elmo import __version__
 
     result = run("--version")
-    assert result.exit_code == 0 and result.stdout.startswith(f"elmo {__version__} (spacy-elmo), torch "), result.output
+    assert result.exit_code == 0 and result.stdout == f"elmo {__version__} (spacy-elmo), torch {torch.__version__}\n"
+
+
+@pytest.mark.parametrize("arguments,exit_code", [
+    (["--help"], 0), (["--version"], 0), (["embed", "--help"], 0), (["embed"], 2),
+    (["embed", "--layers", "middle", "a", "b"], 2), (["embed", "missing.txt", "out.npy"], 2), (["info", "-x"], 2),
+])
+def test_help_version_and_usage_errors_answer_without_loading_torch_or_transformers(arguments, exit_code):
+    """They answer at once (benchmarks/bench_cli_start.py: ~0.3 s against ~5 s for importing hf_elmo): nothing
+    heavy is imported until a command runs."""
+    script = ("import sys\nfrom elmo_cli import app\ntry:\n    app(sys.argv[1:])\nexcept SystemExit as exit:\n"
+              "    print(exit.code, sorted({'torch', 'transformers', 'hf_elmo', 'spacy'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True, timeout=120)
+    code, loaded = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert (int(code), loaded) == (exit_code, "[]"), result.stderr
+
+
+def test_the_command_line_knows_the_packages_names_and_the_spacy_plugins_commands():
+    """What `elmo` holds itself so as not to import the packages: kept in step with them."""
+    import typer.main
+
+    from elmo_cli import app as elmo
+    from elmo_cli.app import DEFAULT_MODEL_NAME, LAYER_MODES, SPACY_COMMANDS
+    from hf_elmo import DEFAULT_MODEL_NAME as default_model
+    from hf_elmo.embed import LAYER_MODES as layer_modes
+    from spacy_elmo.cli import app as spacy_app
+
+    assert (DEFAULT_MODEL_NAME, LAYER_MODES) == (default_model, tuple(layer_modes))
+    spacy_commands = typer.main.get_command(spacy_app).commands
+    assert set(SPACY_COMMANDS) == set(spacy_commands)
+    for name, summary in SPACY_COMMANDS.items():
+        assert spacy_commands[name].help.startswith(summary)
+    assert set(SPACY_COMMANDS) < set(typer.main.get_command(elmo).commands)
 
 
 @pytest.mark.parametrize("command,usage", [
@@ -134,7 +168,7 @@ def test_info_counts_the_softmax_of_a_language_model(tmp_path):
     counts = json.loads(result.stdout)["parameters"]
     assert counts["softmax"] == 8 * 50 + 50
     assert counts["total"] == 12_932 + 450 == sum(p.numel() for p in model.parameters())
-    assert counts == parameter_counts(model)
+    assert counts == model.parameter_counts()
 
 
 def read_npy_output(path: Path) -> list[np.ndarray]:
@@ -289,7 +323,7 @@ def test_embed_shows_progress_and_a_summary_unless_quiet(tiny_model_dir, tmp_pat
 def test_embed_reads_stdin_with_invalid_utf8_in_a_subprocess(tiny_model, tiny_model_dir, tmp_path):
     data = b"caf\xe9 au lait\n\xf0\x9f\x98\x80\x00\n\n" + b"w " * 300
     process = subprocess.run(
-        [sys.executable, "-m", "hf_elmo.cli", "embed", str(tiny_model_dir), "-", str(tmp_path / "out.npy"),
+        [sys.executable, "-m", "elmo_cli", "embed", str(tiny_model_dir), "-", str(tmp_path / "out.npy"),
          "--tokenized", "--layers", "top", "--threads", "1"],
         input=data, capture_output=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -312,7 +346,7 @@ def test_embed_in_two_processes_under_torchrun_equals_one_process(tiny_model_dir
     result = run("embed", tiny_model_dir, source, single, *options, "--threads", 1, "-q")
     assert result.exit_code == 0, result.output
     process = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hf_elmo.cli",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "elmo_cli",
          "embed", str(tiny_model_dir), str(source), str(joined), *options],
         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -337,7 +371,7 @@ def test_embed_in_two_processes_under_torchrun_equals_one_process(tiny_model_dir
 def test_embed_caps_onednn_kernel_caches_unless_the_user_set_them(tiny_model_dir, tmp_path, preset):
     source = tmp_path / "input.txt"
     source.write_text("a few words\n", encoding="utf-8")
-    script = ("import os, sys; from hf_elmo.cli import app; app(sys.argv[1:], standalone_mode=False); "
+    script = ("import os, sys; from elmo_cli import app; app(sys.argv[1:], standalone_mode=False); "
               "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])")
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
     process = subprocess.run(
@@ -390,7 +424,7 @@ def test_a_cuda_device_on_a_machine_without_cuda_names_that_flag(tiny_model_dir,
 @pytest.mark.slow
 def test_a_failing_command_prints_no_traceback_in_a_subprocess(tmp_path):
     process = subprocess.run(
-        [sys.executable, "-m", "hf_elmo.cli", "embed", str(tmp_path / "missing"), "-", str(tmp_path / "out.npy")],
+        [sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "missing"), "-", str(tmp_path / "out.npy")],
         input=b"", capture_output=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert process.returncode == 1
@@ -428,7 +462,7 @@ def test_an_output_over_the_file_size_limit_fails_in_one_line_and_leaves_nothing
     source.write_text("the bank raised rates again today\n" * 400)
     for output in ("out.hdf5", "out.npy"):
         process = subprocess.run(
-            [sys.executable, "-m", "hf_elmo.cli", "embed", str(tiny_model_dir), str(source), str(tmp_path / output),
+            [sys.executable, "-m", "elmo_cli", "embed", str(tiny_model_dir), str(source), str(tmp_path / output),
              "-q"],
             capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024)),
@@ -489,7 +523,7 @@ def test_info_without_a_model_describes_the_default_model():
 @pytest.mark.parametrize("command", [["build-vocab", "x.txt", "-o", "vocab.txt"], ["pretrain", "--help"]])
 def test_a_missing_accelerate_is_one_line_naming_the_train_extra(tmp_path, command):
     (tmp_path / "x.txt").write_text("a b\n")
-    script = f"import sys\nsys.modules['accelerate'] = None\nfrom hf_elmo.cli import app\napp({command!r})"
+    script = f"import sys\nsys.modules['accelerate'] = None\nfrom elmo_cli import app\napp({command!r})"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 1 and result.stdout == "" and result.stderr == (
         'Error: training needs accelerate: pip install ".[train]" in a checkout, or pip install '

@@ -52,7 +52,7 @@ sys.argv = sys.argv[:1]
 CLI = """
 import pathlib, tempfile, numpy
 from typer.testing import CliRunner
-from hf_elmo.cli import app
+from elmo_cli import app
 
 folder = pathlib.Path(tempfile.mkdtemp())
 (folder / "in.txt").write_text("The bank raised rates.\\nWe sat on the river bank.\\n", encoding="utf-8")

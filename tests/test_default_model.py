@@ -17,8 +17,8 @@ import torch
 from typer.testing import CliRunner
 
 import hf_elmo
+from elmo_cli import app
 from hf_elmo import DEFAULT_MODEL, ElmoCharTokenizer, ElmoModel
-from hf_elmo.cli import app
 from hf_elmo.demo import USAGES, sense_reports
 from spacy_elmo.cli import make_config
 

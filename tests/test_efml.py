@@ -16,8 +16,8 @@ from efml_fixtures import SENTENCES, efml_archive, make_efml_model, their_embedd
 from elmo_fixtures import message_words
 from typer.testing import CliRunner
 
+from elmo_cli import app
 from hf_elmo import ElmoCharTokenizer, ElmoModel
-from hf_elmo.cli import app
 from hf_elmo.efml import Embedder
 from hf_elmo.efml_format import is_efml_model, load_efml, read_dic
 

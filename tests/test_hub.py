@@ -378,7 +378,7 @@ def test_fresh_process_outputs_equal_those_of_the_pushed_objects(fresh_process_l
 def test_elmo_convert_push_to_hub_publishes_a_model_others_load_by_its_id(fake_hub, converted, tmp_path):
     from typer.testing import CliRunner
 
-    from hf_elmo.cli import app
+    from elmo_cli import app
 
     repo = "org/elmo-converted-by-cli"
     options, weights = require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5")

@@ -14,9 +14,9 @@ import torch
 from elmo_fixtures import TINY_CONFIG
 from typer.testing import CliRunner
 
+from elmo_cli import app
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, ModelLoadError, load_model
 from hf_elmo import loading as loading_module
-from hf_elmo.cli import app
 from hf_elmo.embed import ElmoEmbedder
 
 runner = CliRunner(env={"COLUMNS": "1000"})

@@ -217,7 +217,7 @@ def test_elmo_embed_downloads_a_published_model_once_then_runs_offline(fixture_f
     (tmp_path / "in.txt").write_text("The bank raised rates .\n")
     env = {**os.environ, "ELMO_PUBLISHED_ENDPOINT": files.url, "HF_HUB_CACHE": str(tmp_path / "hub"),
            "HF_HUB_OFFLINE": "0"}
-    command = [sys.executable, "-m", "hf_elmo.cli", "embed", NAME, str(tmp_path / "in.txt"), "--tokenized"]
+    command = [sys.executable, "-m", "elmo_cli", "embed", NAME, str(tmp_path / "in.txt"), "--tokenized"]
     first = subprocess.run([*command, str(tmp_path / "first.npy")], env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     files.close()

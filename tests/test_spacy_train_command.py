@@ -25,6 +25,7 @@ from spacy_fixtures import (
 from thinc.api import Config
 from typer.testing import CliRunner
 
+from elmo_cli import app
 from hf_elmo import ElmoModel
 from spacy_elmo.cli import app as elmo_app
 from spacy_elmo.layers import elmo_shim
@@ -261,6 +262,7 @@ def test_mix_weights_cli_reads_every_task_mix_beside_its_start(trained, tmp_path
         assert cells[0::2] == pytest.approx([*weights, gamma[0]], abs=1e-3)
         assert cells[1::2] == pytest.approx([*start, 1.0], abs=1e-3)
     assert (tmp_path / "weights.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert invoke(app, "mix-weights", path) == invoke(elmo_app, "mix-weights", path)  # `elmo mix-weights` too
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     result = CliRunner().invoke(elmo_app, ["mix-weights", str(path), "--plot", str(tmp_path / "again.png")])
     assert result.exit_code == 1 and not (tmp_path / "again.png").exists()

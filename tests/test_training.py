@@ -25,8 +25,8 @@ from huggingface_hub import ModelCard, list_repo_files
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from elmo_cli import app
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoModel
-from hf_elmo.cli import app
 from hf_elmo.text import get_word_tokenizer, read_lines
 from hf_elmo.training import (
     BidirectionalLMLoss,

@@ -3,42 +3,33 @@
 
 Thin wrappers around `hf_elmo.original_format`, `hf_elmo.embed` and `hf_elmo.training`; expected failures (missing
 files, bad options) end with a one-line `Error: ...` on stderr and exit code 1 (2 for usage errors), never a traceback.
+
+A package of its own, apart from `hf_elmo`, so that `--help`, `--version` and usage errors answer at once: importing
+`hf_elmo` loads torch and transformers (seconds), which each command imports only when it runs
+(`benchmarks/bench_cli_start.py` measures it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import timedelta
 from enum import Enum
 from functools import partial
+from importlib.metadata import version as installed_version
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import torch
 import typer
-from transformers.utils import logging as hf_logging
 from typer.core import TyperCommand
 
-from . import DEFAULT_MODEL_NAME, efml_format, hub, loading, original_format
-from .configuration_elmo import ElmoConfig
-from .embed import (
-    LAYER_MODES,
-    ElmoEmbedder,
-    EmbedSettingError,
-    EmbedSettings,
-    check_output,
-    embed_file,
-    embed_file_in_parts,
-)
-from .extras import install_command
-from .modeling_elmo import ElmoForBidirectionalLM, ElmoModel
-from .runtime import HostWarning, OutOfDeviceMemoryError, bound_onednn_caches, set_threads
-from .text import expand_files, get_word_tokenizer
+if TYPE_CHECKING:
+    from hf_elmo import ElmoConfig, ElmoEmbedder, ElmoForBidirectionalLM, ElmoModel
 
 
 class ElmoCommand(TyperCommand):
@@ -75,6 +66,8 @@ class ElmoCommand(TyperCommand):
 
 def _show_warning(show: Callable, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
     """`HostWarning`s as one line; others as `show` shows them."""
+    from hf_elmo.runtime import HostWarning  # loaded: only its code warns about the host
+
     if issubclass(category, HostWarning):
         typer.echo(f"Warning: {message}", err=True)
     else:
@@ -94,15 +87,16 @@ MODEL_HELP = ("`default` (the English model shipped with the package), a publish
               "directory or a Hub model id.")
 
 
-# `--layers`: the embedder's layer modes.
+# `--layers`: the embedder's layer modes (`hf_elmo.embed.LAYER_MODES`; a test keeps them in step), and the model a
+# command takes when none is named (`hf_elmo.DEFAULT_MODEL_NAME`).
+LAYER_MODES = ("all", "top", "average", "mix")
 LayerMode = Enum("LayerMode", {mode: mode for mode in LAYER_MODES}, type=str)
+DEFAULT_MODEL_NAME = "default"
 
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
-
-        typer.echo(f"elmo {__version__} (spacy-elmo), torch {torch.__version__}")
+        typer.echo(f"elmo {installed_version('spacy-elmo')} (spacy-elmo), torch {installed_version('torch')}")
         raise typer.Exit()
 
 
@@ -112,12 +106,28 @@ def main(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """ELMo biLMs for Hugging Face transformers: convert original weights, inspect models, embed text, train."""
-    hf_logging.disable_progress_bar()  # loading bars of transformers would clutter the output
+
+
+def _hf_elmo() -> None:
+    """Import `hf_elmo` (torch, transformers: seconds) for a command that runs, quieting transformers' loading bars,
+    which would clutter the output."""
+    from transformers.utils import logging
+
+    import hf_elmo  # noqa: F401
+
+    logging.disable_progress_bar()
 
 
 def _names_a_model(argument: str) -> bool:
-    """Whether a command-line argument is a model's name or directory (for arguments given in the wrong place)."""
-    return argument in loading.MODEL_NAMES or (Path(argument) / "config.json").is_file()
+    """Whether a command-line argument is a model's name or directory (for arguments given in the wrong place). A
+    name with an output's suffix is not one, and takes no import to tell."""
+    if (Path(argument) / "config.json").is_file():
+        return True
+    if Path(argument).suffix.lower() in (".npy", ".hdf5", ".h5"):
+        return False
+    from hf_elmo import MODEL_NAMES
+
+    return argument in MODEL_NAMES
 
 
 def _fail(message: str) -> NoReturn:
@@ -127,6 +137,8 @@ def _fail(message: str) -> NoReturn:
 
 def _model_location(name: str) -> str:
     """What to load for a model name (`loading.resolve_model`); fail in one line otherwise."""
+    from hf_elmo import loading
+
     try:
         return loading.resolve_model(name)
     except loading.ModelLoadError as error:
@@ -134,6 +146,9 @@ def _model_location(name: str) -> str:
 
 
 def _load_config(name: str) -> ElmoConfig:
+    from hf_elmo import loading
+
+    _hf_elmo()
     try:
         return loading.load_config(name)
     except loading.ModelLoadError as error:
@@ -142,32 +157,12 @@ def _load_config(name: str) -> ElmoConfig:
 
 def _load_model(name: str, config: ElmoConfig) -> ElmoModel | ElmoForBidirectionalLM:
     """The biLM, with its softmax if the checkpoint has one (`config.vocab_size`)."""
+    from hf_elmo import ElmoForBidirectionalLM, ElmoModel, loading
+
     try:
         return loading.load_model(name, ElmoForBidirectionalLM if config.vocab_size else ElmoModel, config=config)
     except loading.ModelLoadError as error:
         _fail(str(error))
-
-
-def parameter_counts(model: ElmoModel | ElmoForBidirectionalLM) -> dict[str, int]:
-    """Parameters per part of the biLM: char embedding + CNN, the word embedding (ELMoForManyLangs' models), highway,
-    projection, each biLSTM layer, softmax (only for `ElmoForBidirectionalLM`) and the total."""
-    elmo = model.elmo if isinstance(model, ElmoForBidirectionalLM) else model
-    cnn = elmo.char_cnn
-
-    def size(*modules: torch.nn.Module) -> int:
-        return sum(parameter.numel() for module in modules for parameter in module.parameters())
-
-    counts = {
-        "char embedding + CNN": size(cnn.char_embedding, cnn.convs),
-        **({"word embedding": size(cnn.word_embedding)} if cnn.word_embedding is not None else {}),
-        "highway": size(cnn.highway),
-        "projection": size(cnn.projection),
-        **{f"biLSTM layer {index + 1}": size(layer) for index, layer in enumerate(elmo.bilstm.layers)},
-    }
-    if isinstance(model, ElmoForBidirectionalLM):
-        counts["softmax"] = size(model.softmax)
-    counts["total"] = size(model)
-    return counts
 
 
 @app.command(cls=ElmoCommand)
@@ -191,6 +186,9 @@ def convert(
         raise typer.BadParameter("expected OPTIONS_JSON WEIGHTS_HDF5 OUT_DIR, or MODEL_DIR_OR_ZIP OUT_DIR",
                                  param_hint="SOURCE... OUT_DIR")
     *sources, out_dir = arguments
+    _hf_elmo()
+    from hf_elmo import efml_format, hub, original_format
+
     if len(sources) == 1 and not efml_format.is_efml_model(sources[0]):
         found = "does not exist" if not sources[0].exists() else "is not an ELMoForManyLangs model directory or .zip"
         raise typer.BadParameter(f"{sources[0]} {found} ({', '.join(efml_format.MODEL_FILES)}); original bilm-tf / "
@@ -219,6 +217,8 @@ def export_hdf5(
 ) -> None:
     """Write `<OUT_PREFIX>options.json` and `<OUT_PREFIX>weights.hdf5` in the original layout (readable by
     bilm-tf and AllenNLP). Prints both paths."""
+    from hf_elmo import ElmoForBidirectionalLM, original_format
+
     model = _load_model(model_dir, _load_config(model_dir))
     try:
         encoder = model.elmo if isinstance(model, ElmoForBidirectionalLM) else model
@@ -244,6 +244,9 @@ def export_encoder(
     and perplexities), e.g. to ship or publish a smaller model for embedding. Prints the directory."""
     if not trained_dir.is_dir():
         _fail(f"model directory {trained_dir} does not exist")
+    _hf_elmo()
+    from hf_elmo import hub
+
     try:
         typer.echo(hub.export_encoder(trained_dir, out_dir, note, remote_code))
     except (OSError, ValueError) as error:
@@ -258,7 +261,7 @@ def info(
 ) -> None:
     """Print the config (every field) and the parameter count of each part of the biLM."""
     config = _load_config(model)
-    counts = parameter_counts(_load_model(model, config))
+    counts = _load_model(model, config).parameter_counts()
     fields = config.to_dict()
     if as_json:
         typer.echo(json.dumps({"config": fields, "parameters": counts}, indent=2))
@@ -295,6 +298,8 @@ EMBED_FLAGS = {
 @contextmanager
 def _setting_errors() -> Iterator[None]:
     """A bad setting as a usage error naming its flag; a missing h5py in one line."""
+    from hf_elmo.embed import EmbedSettingError
+
     try:
         yield
     except EmbedSettingError as error:
@@ -409,7 +414,7 @@ def embed(
     descheduled thread, many times slower. On a machine that gets busy later, give `--threads 1` (or the cores
     left free).
 
-    **Several processes or nodes.** Under a launcher (`torchrun --nproc-per-node 4 -m hf_elmo.cli embed ...`,
+    **Several processes or nodes.** Under a launcher (`torchrun --nproc-per-node 4 -m elmo_cli embed ...`,
     or `accelerate launch`), each process embeds a contiguous share of the lines into hidden part files next to
     OUTPUT (a filesystem all processes see), and process 0 joins them into OUTPUT: the same file, keys and order
     as one process gives. INPUT must be a file. `--device cuda` uses each process's local GPU.
@@ -423,7 +428,7 @@ def embed(
     model = arguments[0] if len(arguments) == 3 else DEFAULT_MODEL_NAME
     # A str, not a Path with allow_dash: typer 0.29 compares Path("-") with "-" and rejects stdin.
     input_file, output_file = arguments[-2], Path(arguments[-1])
-    if _names_a_model(arguments[-1]) and (len(arguments) == 2 or not Path(input_file).exists()):
+    if (len(arguments) == 2 or not Path(input_file).exists()) and _names_a_model(arguments[-1]):
         usage = f"elmo embed {arguments[-1]} {' '.join(arguments[:-1])}" + (" OUTPUT" if len(arguments) == 2 else "")
         raise typer.BadParameter(f"{arguments[-1]} is a model, which comes first: {usage}",
                                  param_hint="[MODEL] INPUT OUTPUT")
@@ -435,16 +440,23 @@ def embed(
         _fail(f"output directory {output_file.parent} does not exist")
     if output_file.is_dir():
         _fail(f"{output_file} is a directory")
-    chosen = {mode for mode, flag in ((LayerMode.all, all_layers), (LayerMode.top, top_layer),
-                                      (LayerMode.average, average_layers)) if flag} | ({layers} if layers else set())
+    chosen = {mode for mode, flag in (("all", all_layers), ("top", top_layer), ("average", average_layers))
+              if flag} | ({layers.value} if layers else set())
     if len(chosen) > 1:
         raise typer.BadParameter("choose one of them", param_hint="--layers/--all/--top/--average")
+    _hf_elmo()
+    import torch
+
+    from hf_elmo import original_format
+    from hf_elmo.embed import ElmoEmbedder, EmbedSettings, check_output, embed_file
+    from hf_elmo.runtime import OutOfDeviceMemoryError, bound_onednn_caches, set_threads
+
     with _setting_errors():
         check_output(output_file, use_sentence_keys)
         if original_weights:
             original_format.require_h5py("--options-file/--weight-file")
         settings = EmbedSettings(
-            layers=(chosen.pop() if chosen else LayerMode.all).value,
+            layers=chosen.pop() if chosen else "all",
             scalar_parameters=_parse_weights(weights) if weights is not None else None,
             gamma=gamma,
             batch_tokens=batch_tokens,
@@ -459,7 +471,8 @@ def embed(
         # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         if world_size > 1 and settings.device.type == "cuda" and settings.device.index is None:
-            settings = replace(settings, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+            local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            settings = dataclasses.replace(settings, device=local)
         if not original_weights:
             settings.check_model(_load_config(model))
     set_threads(threads)
@@ -487,6 +500,8 @@ def _embed_in_parts(
     """`embed_file_in_parts` in a process group of the launcher's processes (gloo: CPU or GPU, any node)."""
     import torch.distributed as dist
 
+    from hf_elmo.embed import embed_file_in_parts
+
     # The barrier waits for the slowest share: allow a long run.
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(days=7))
     try:
@@ -499,15 +514,21 @@ def _embed_in_parts(
 def demo() -> None:
     """Show the English model shipped with the package at work (offline): the same word gets different vectors
     in different contexts ("bank", "play"), then the spaCy component."""
-    from .demo import main as run_demo
+    started = time.perf_counter()
+    _hf_elmo()
+    from hf_elmo.demo import main as run_demo
 
     run_demo(typer.echo)
+    typer.echo(f"{time.perf_counter() - started:.1f} s in all, loading torch, transformers and the model included")
 
 
 def _training():
     """`hf_elmo.training`, which needs the `train` extra (Accelerate)."""
+    _hf_elmo()
+    from hf_elmo.extras import install_command
+
     try:
-        from . import training
+        from hf_elmo import training
     except ImportError as error:
         _fail(f"training needs {error.name or error}: {install_command('train')}")
     return training
@@ -529,6 +550,8 @@ def build_vocab(
     `<S>`, `</S>`, `<UNK>`, then the words by decreasing frequency (ties alphabetical), one per line. Prints the
     size and the share of the corpus' words it covers."""
     training = _training()
+    from hf_elmo.text import expand_files, get_word_tokenizer
+
     try:
         counts = training.count_corpus_words(expand_files(files), get_word_tokenizer(word_tokenizer), progress=True)
     except (OSError, ValueError, ImportError) as error:
@@ -576,6 +599,8 @@ def evaluate(
     or `<S>` (backward) per line, counted in `tokens`. The average is exp(mean of the two cross-entropies).
     Empty lines are skipped; targets outside the model's `vocab.txt` are `<UNK>`."""
     training = _training()
+    from hf_elmo.runtime import set_threads
+
     set_threads(threads)
     try:
         metrics = training.evaluate_model(
@@ -587,5 +612,31 @@ def evaluate(
     typer.echo(json.dumps(metrics))
 
 
-if __name__ == "__main__":
-    app()
+# The spaCy plugin's commands (`python -m spacy_elmo COMMAND`, spacy_elmo/cli.py), run by `elmo COMMAND` too, with
+# their first help line (a test keeps both in step): one command line for the project.
+SPACY_COMMANDS = {
+    "init-config": "Write a training config for an ELMo NER or text classification pipeline.",
+    "convert-conll2003": "Convert CoNLL-2003 NER data to a .spacy file.",
+    "convert-sst5": "Convert SST-5 sentences (or, from the trees, phrases) to a .spacy file with exclusive `cats`.",
+    "convert-sst2": "Convert SST-2 sentences (or, from SST-5's trees, non-neutral phrases) to a .spacy file with "
+                    "exclusive `cats`",
+    "mix-weights": "Print the learned ELMo layer weights softmax(s) and gamma of every task mix of a trained pipeline.",
+}
+
+
+def _spacy_command(name: str, summary: str) -> None:
+    """`elmo NAME ARGS`: the spaCy plugin's command NAME with ARGS (its own --help included)."""
+
+    def command(ctx: typer.Context) -> None:
+        from spacy_elmo.cli import app as spacy_app
+
+        spacy_app([name, *ctx.args], prog_name="elmo")
+
+    command.__doc__ = f"{summary} (also `python -m spacy_elmo {name}`)"
+    app.command(name, cls=ElmoCommand, add_help_option=False, rich_help_panel="spaCy",
+                context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(command)
+
+
+for _name, _summary in SPACY_COMMANDS.items():
+    _spacy_command(_name, _summary)
+
