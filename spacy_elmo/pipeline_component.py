@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -82,10 +82,28 @@ def make_elmo(
         reuse them in later epochs instead of running the biLM again (a frozen biLM gives a Doc the same layers every
         time); 0 turns it off.
     """
+    if not isinstance(nlp.__dict__.get("pipe"), partial):
+        nlp.pipe = partial(pipe_with_vector_hooks, nlp)
     return Elmo(
         nlp.vocab, model, name, freeze=freeze, store_dtype=store_dtype, default_mix=default_mix,
         vector_hooks=vector_hooks, set_doc_tensor=set_doc_tensor, frozen_cache_mb=frozen_cache_mb,
     )
+
+
+def pipe_with_vector_hooks(nlp: Language, texts: Iterable[Any], **options: Any) -> Iterator[Any]:
+    """`nlp.pipe` of a pipeline with an `elmo` component: `Language.pipe`, and the Docs that come back from worker
+    processes (`n_process` other than 1) get their ELMo vector hooks again. spaCy rebuilds those Docs from bytes,
+    which keep `doc._.elmo_layers` but no hooks (explosion/spaCy#6402): without them `.vector` would be empty and
+    `.similarity` 0."""
+    outputs = type(nlp).pipe(nlp, texts, **options)
+    hooks = options.get("n_process", 1) != 1 and any(
+        isinstance(component, Elmo) and component.vector_hooks for _, component in nlp.pipeline)
+    if not hooks:
+        yield from outputs
+        return
+    for output in outputs:
+        restore_hooks(output[0] if options.get("as_tuples") else output)
+        yield output
 
 
 class Elmo(TrainablePipe):

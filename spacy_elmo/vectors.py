@@ -7,8 +7,9 @@
 * `token._.elmo_vector`, `span._.elmo_vector`, `doc._.elmo_vector`: the default mix of a token; the mean over
   the non-whitespace tokens of a span or Doc (zeros when there are none). None without `elmo_layers`.
 * User hooks make `.vector`, `.has_vector`, `.vector_norm` and `.similarity` (cosine) of tokens, spans and Docs
-  use these. spaCy does not keep hooks through `DocBin`, `Doc.from_bytes` or multiprocessing:
-  call `restore_hooks(doc)` afterwards.
+  use these. spaCy does not keep hooks through `DocBin`, `Doc.from_bytes` or multiprocessing: the pipeline's
+  `nlp.pipe` restores them on Docs from worker processes (`pipeline_component.pipe_with_vector_hooks`); after the
+  others call `restore_hooks(doc)`.
 """
 
 from __future__ import annotations

@@ -245,10 +245,22 @@ def main(method, model_dir):
     texts = ["The bank raised rates .", "", "  ", "A " * 300, "Odd 😀 \\u00e9 日本語 ."] * 3
     single = list(nlp.pipe(texts))  # the parent uses torch threads first (the fork hang trigger)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # W109: hooks are not sent back from the workers
+        warnings.simplefilter("ignore")  # W109 in the workers: spaCy sends no hooks back (the pipeline restores them)
         multi = list(nlp.pipe(texts, n_process=2, batch_size=2))
-    for one, other in zip(single, multi):
-        np.testing.assert_allclose(other._.elmo_layers, one._.elmo_layers, atol=1e-5)
+        tuples = list(nlp.pipe([(text, i) for i, text in enumerate(texts)], n_process=2, as_tuples=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # spaCy's W007/W008 (no vector) would fail here
+        for one, other, (doc, context), i in zip(single, multi, tuples, range(len(texts)), strict=True):
+            np.testing.assert_allclose(other._.elmo_layers, one._.elmo_layers, atol=1e-5)
+            assert context == i and other.has_vector == doc.has_vector == one.has_vector
+            for got in (other, doc):
+                np.testing.assert_allclose(got.vector, one.vector, atol=1e-5)
+                assert got.vector.shape == one.vector.shape == (one._.elmo_layers.shape[-1],)
+                np.testing.assert_allclose([t.vector for t in got], [t.vector for t in one], atol=1e-5)
+                if len(one) > 2:
+                    assert abs(got[0].similarity(got[2]) - one[0].similarity(one[2])) < 1e-5
+                    assert abs(got[:2].similarity(got) - one[:2].similarity(one)) < 1e-5
+                    assert 0 < abs(got[0].similarity(got[2])) < 1
     print("ok", method)
 
 if __name__ == "__main__":
