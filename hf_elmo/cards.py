@@ -61,17 +61,16 @@ batch.
 ```python
 import torch
 from transformers import AutoModel, AutoTokenizer
-
-tokenizer = AutoTokenizer.from_pretrained("{repo_id}", trust_remote_code=True)
-model = AutoModel.from_pretrained("{repo_id}", trust_remote_code=True).eval()
+{import_package}
+tokenizer = AutoTokenizer.from_pretrained("{repo_id}"{remote_code})
+model = AutoModel.from_pretrained("{repo_id}"{remote_code}).eval()
 batch = tokenizer([["The", "bank", "of", "the", "river", "."]], is_split_into_words=True,
                   padding=True, return_tensors="pt")
 with torch.no_grad():
     layers = model(**batch).hidden_states  # {num_output_layers} x (batch, words + 2, {output_dim})
 ```
 {lm_usage}
-With the `spacy-elmo` package installed, `import hf_elmo` registers the classes and `trust_remote_code` is not
-needed.
+{loading_note}
 
 ## Usage with spaCy
 
@@ -110,9 +109,14 @@ them.
 """
 
 _LM_USAGE = """
-The biLM's word softmax is included: `AutoModelForPreTraining.from_pretrained("{repo_id}", trust_remote_code=True)`
+The biLM's word softmax is included: `AutoModelForPreTraining.from_pretrained("{repo_id}"{remote_code})`
 gives `ElmoForBidirectionalLM`, whose `forward_logits` / `backward_logits` score the next / previous word.
 """
+# What makes the snippets load: the modeling code in the directory (`trust_remote_code`), or the package.
+_REMOTE_CODE_NOTE = ("With the `spacy-elmo` package installed, `import hf_elmo` registers the classes and "
+                     "`trust_remote_code` is not needed.")
+_PACKAGE_NOTE = ("This directory holds no modeling code: it loads where the `spacy-elmo` package is installed, whose "
+                 "`import hf_elmo` registers the ELMo classes with the Auto classes.")
 
 _SOURCE_SECTION = re.compile(r"^## Source of the weights[ \t]*\n(.*?)(?=^## |\Z)", re.DOTALL | re.MULTILINE)
 RANDOM_WEIGHTS_SOURCE = "Randomly initialised weights: this model has not been trained."
@@ -125,13 +129,16 @@ def build_model_card(
     n_parameters: int = 0,
     tags: list[str] | None = None,
     metadata: CardMetadata | None = None,
+    remote_code: bool = True,
 ) -> ModelCard:
     """A model card describing the architecture, its size, where the weights come from and how to use them.
 
     `repo_id` is the id the usage snippets load; `tags` are added to the card's own; `metadata` fills the card's
     `language` (by default the language of a `spacy:<lang>` word tokenizer), `datasets` and `base_model`.
+    `remote_code`: the directory holds the modeling code (the snippets pass `trust_remote_code=True`); else they
+    `import hf_elmo`.
     """
-    own_tags = ["elmo", "bilm", "feature-extraction", "custom_code"]
+    own_tags = ["elmo", "bilm", "feature-extraction", *(["custom_code"] if remote_code else [])]
     metadata = metadata or CardMetadata()
     word_tokenizer = getattr(config, "word_tokenizer", None) or ""
     tokenizer_language = word_tokenizer.partition(":")[2] if word_tokenizer.startswith("spacy:") else None
@@ -145,6 +152,7 @@ def build_model_card(
         pipeline_tag="feature-extraction",
     )
     has_softmax = bool(config.vocab_size)
+    trust = ", trust_remote_code=True" if remote_code else ""
     text = _CARD_TEMPLATE.format(
         card_data=card_data.to_yaml(),
         title_suffix=f" {config.lstm_dim}x{config.projection_dim}",
@@ -161,7 +169,10 @@ def build_model_card(
         output_dim=config.output_dim,
         num_output_layers=config.num_output_layers,
         softmax=f"{config.vocab_size:,} words, shared by both directions" if has_softmax else "none (encoder only)",
-        lm_usage=_LM_USAGE.format(repo_id=repo_id) if has_softmax else "",
+        lm_usage=_LM_USAGE.format(repo_id=repo_id, remote_code=trust) if has_softmax else "",
+        remote_code=trust,
+        import_package="" if remote_code else "\nimport hf_elmo  # the spacy-elmo package: the ELMo Auto classes\n",
+        loading_note=_REMOTE_CODE_NOTE if remote_code else _PACKAGE_NOTE,
         word_tokenizer_note=f" (`{word_tokenizer}`, which the tokenizer applies to raw text)" if word_tokenizer else "",
         **{key: getattr(config, key) for key in (
             "filters", "activation", "char_embedding_dim", "n_highway", "projection_dim", "n_layers", "lstm_dim",
@@ -189,10 +200,12 @@ def model_card(
     source: str | None = None,
     tags: list[str] | None = None,
     metadata: CardMetadata | None = None,
+    remote_code: bool = True,
 ) -> ModelCard:
     """The card of `model` (an `ElmoModel` or `ElmoForBidirectionalLM`); `source` defaults to `weights_source`."""
     n_parameters = sum(p.numel() for p in model.parameters())
-    return build_model_card(model.config, source or weights_source(model), repo_id, n_parameters, tags, metadata)
+    return build_model_card(model.config, source or weights_source(model), repo_id, n_parameters, tags, metadata,
+                            remote_code)
 
 
 def write_model_card(
@@ -201,10 +214,12 @@ def write_model_card(
     source: str,
     repo_id: str = "path/to/model",
     metadata: CardMetadata | None = None,
+    remote_code: bool = True,
 ) -> Path:
-    """Write `README.md` (the model card of `model`) into a `save_pretrained` directory."""
+    """Write `README.md` (the model card of `model`) into a `save_pretrained` directory (with the modeling code
+    unless `remote_code` is False)."""
     path = Path(output_dir) / "README.md"
-    model_card(model, repo_id, source, metadata=metadata).save(path)
+    model_card(model, repo_id, source, metadata=metadata, remote_code=remote_code).save(path)
     return path
 
 

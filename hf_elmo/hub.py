@@ -53,7 +53,8 @@ def export_encoder(
     model.save_pretrained(output_dir)
     word_tokenizer = getattr(model.config, "word_tokenizer", None)  # raw text split as in training
     ElmoCharTokenizer.from_pretrained(trained_dir, word_tokenizer=word_tokenizer).save_pretrained(output_dir)
-    write_model_card(output_dir, model, source, metadata=card_metadata(card_text) if card_text else None)
+    write_model_card(output_dir, model, source, metadata=card_metadata(card_text) if card_text else None,
+                     remote_code=remote_code)
     if not remote_code:
         for code_file in output_dir.glob("*.py"):
             code_file.unlink()

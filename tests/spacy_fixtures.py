@@ -53,3 +53,15 @@ FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 def blocks(path: Path, language: str) -> list[str]:
     """The code of every fenced block of `language` in the Markdown file `path`."""
     return [code for lang, code in FENCE.findall(path.read_text(encoding="utf-8")) if lang == language]
+
+
+def run_card_snippets(directory: Path) -> list[str]:
+    """Each Python block of `directory`'s model card as written, `path/to/model` read as `directory`, in a fresh
+    interpreter (nothing of the package imported before it), printing what it made: the transformers block
+    `len(layers) (batch, positions, width)`, the spaCy block `doc._.elmo_layers.shape`."""
+    outputs = []
+    for code in blocks(directory / "README.md", "python"):
+        probe = ("print(len(layers), tuple(layers[0].shape))" if "layers = " in code
+                 else "print(doc._.elmo_layers.shape)")
+        outputs.append(run_python(code.replace("path/to/model", str(directory)) + probe).strip().splitlines()[-1])
+    return outputs

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import spacy
 import torch
+from spacy_fixtures import run_card_snippets
 from typer.testing import CliRunner
 
 import hf_elmo
@@ -78,6 +79,12 @@ def test_raw_text_is_split_like_the_training_text_by_spacy_english_tokenizer(tok
     result = runner.invoke(app, ["embed", "default", str(tmp_path / "in.txt"), str(tmp_path / "out.npy"), "-q"])
     assert result.exit_code == 0, result.output
     assert np.load(tmp_path / "out.offsets.npy").tolist() == [0, 5]
+
+
+@pytest.mark.slow
+def test_the_cards_snippets_run_as_written_on_the_shipped_directory():
+    """In a fresh process: the directory holds no modeling code, so its card loads it through the package."""
+    assert run_card_snippets(Path(DEFAULT_MODEL)) == ["3 (1, 8, 512)", "(3, 6, 512)"]
 
 
 def test_the_card_says_how_the_model_was_trained_and_what_it_scores():

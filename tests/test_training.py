@@ -23,6 +23,7 @@ from elmo_fixtures import TOY, TOY_MODEL, require, toy_batch, toy_lines
 from fake_hub import FakeHub
 from huggingface_hub import ModelCard, list_repo_files
 from safetensors.torch import load_file
+from spacy_fixtures import run_card_snippets
 from typer.testing import CliRunner
 
 from elmo_cli import app
@@ -456,6 +457,9 @@ def test_export_encoder_drops_the_softmax_and_keeps_the_representations_and_the_
     config = json.loads((out / "config.json").read_text())
     assert ("auto_map" in config) == remote_code
     assert bool(list(out.glob("*.py"))) == remote_code
+    # The card's snippets run as written on this directory: with its code, or with the package (no code here).
+    assert ("trust_remote_code=True" in card) == remote_code and ("\nimport hf_elmo  #" in card) != remote_code
+    assert run_card_snippets(out) == ["3 (1, 8, 16)", "(3, 6, 16)"]
 
 
 @pytest.mark.slow
