@@ -11,6 +11,7 @@ A package of its own, apart from `hf_elmo`, so that `--help`, `--version` and us
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import os
@@ -372,6 +373,8 @@ def embed(
                            "native bf16 (AVX512-BF16, AMX) and GPUs (float16 before Ampere); elsewhere float32, "
                            "with a warning.")
     ] = False,
+    encoding: Annotated[str, typer.Option(help="INPUT's encoding, e.g. `utf-16` (with its byte-order mark), "
+                                          "`latin-1`, `cp1252` (Python's codec names).")] = "utf-8",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
@@ -384,11 +387,12 @@ def embed(
     (`config.word_tokenizer`: spaCy's English tokenizer for `default`), else by `split_words` (punctuation,
     clitics, CJK characters and emoji become words); `--tokenized` splits on whitespace only (`str.split`).
     An empty or whitespace-only line is a sentence with no words. Words longer than 48 UTF-8 bytes are cut
-    by the tokenizer; NUL and control characters, emoji and CJK are ordinary characters; `<S>`/`</S>` given
+    by the tokenizer; control characters, emoji and CJK are ordinary characters; `<S>`/`</S>` given
     as words are encoded as sentence boundaries (AllenNLP's behaviour). The input is decoded as UTF-8 with
     `surrogateescape`: invalid bytes never fail, each becomes a lone surrogate U+DC80..U+DCFF, encoded by the
     tokenizer as 3 bytes (`elmo`'s word splitter makes it a word of its own; spaCy's, as for `default`, keeps it
-    inside its word, e.g. `ab\\udcffcd`).
+    inside its word, e.g. `ab\\udcffcd`). An input that is not UTF-8 text at all (a UTF-16 or UTF-32 byte-order
+    mark, a NUL byte) fails in one line and writes nothing; `--encoding` reads another encoding (strictly).
 
     **Output.** `.hdf5`/`.h5`: AllenNLP's `elmo` layout, one float32 dataset per sentence named by its line
     index, shape (layers, words, width) with `--layers all` else (words, width), plus `sentence_to_index`
@@ -440,6 +444,11 @@ def embed(
         _fail(f"output directory {output_file.parent} does not exist")
     if output_file.is_dir():
         _fail(f"{output_file} is a directory")
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise typer.BadParameter(f"unknown encoding {encoding!r} (Python's codec names: utf-16, latin-1, cp1252, ...)",
+                                 param_hint="--encoding") from None
     chosen = {mode for mode, flag in (("all", all_layers), ("top", top_layer), ("average", average_layers))
               if flag} | ({layers.value} if layers else set())
     if len(chosen) > 1:
@@ -482,7 +491,7 @@ def embed(
     except (ValueError, ImportError) as error:  # ModelLoadError, OriginalFormatError, h5py missing
         _fail(str(error))
     output = dict(tokenized=original_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
-                  sentence_index=not forget_sentences, sentence_keys=use_sentence_keys)
+                  sentence_index=not forget_sentences, sentence_keys=use_sentence_keys, encoding=encoding)
     try:
         if world_size > 1:
             count = _embed_in_parts(embedder, input_file, output_file, rank, world_size, output)

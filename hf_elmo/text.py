@@ -5,7 +5,9 @@ Every user of the biLM goes through these steps, in this order: the tokenizer (`
 
 1. **Lines** (`read_lines`): files (`.gz` read compressed) or streams, UTF-8, split on `\\n` only, a `\\r` before
    it and a leading BOM dropped. Bytes that are not valid UTF-8 never fail: each becomes a lone surrogate
-   U+DC80..U+DCFF (`surrogateescape`), so one line gives the same words in every command.
+   U+DC80..U+DCFF (`surrogateescape`), so one line gives the same words in every command. What is not UTF-8 text
+   at all (a UTF-16 or UTF-32 byte-order mark, a NUL byte) is `NotTextError`, one line naming the file; another
+   encoding is read when named (`encoding=`, `elmo embed --encoding`).
 2. **Words** (`split_into_words`, `get_word_tokenizer`): the word tokenizer a model was trained with, recorded in
    its `config.word_tokenizer`:
    * `"elmo"` (`split_words`): Moses-style, clitics and punctuation split off;
@@ -26,8 +28,10 @@ This file is part of the Hub remote code (the tokenizer imports it), so it impor
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
+import io
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,26 +69,96 @@ WordTokenizer = Callable[[Sequence[str]], list[list[str]]]
 # -- 1. lines ---------------------------------------------------------------------------------------------------
 
 
+# Byte-order marks of the encodings a text file read as UTF-8 by mistake is most often in (UTF-32's first: UTF-32 LE
+# starts as UTF-16 LE does).
+FOREIGN_BYTE_ORDER_MARKS = {
+    codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
+    codecs.BOM_UTF16_BE: "UTF-16",
+}
+
+
+class NotTextError(ValueError):
+    """An input that is not text in the encoding it is read in (one line: the file, what is wrong, what to do)."""
+
+
 def read_lines(
-    source: str | os.PathLike | BinaryIO | IO[str], on_bytes: Callable[[int], object] | None = None
+    source: str | os.PathLike | BinaryIO | IO[str],
+    on_bytes: Callable[[int], object] | None = None,
+    encoding: str = "utf-8",
 ) -> Iterator[str]:
     """The lines of a file (`.gz` read compressed) or of a byte or text stream, without line ends (streamed).
 
     Lines end at `\\n` only (a `\\r` before it and a BOM at the start are dropped; other Unicode line breaks stay
-    inside the line). Bytes that are not valid UTF-8 never fail: they decode to lone surrogates U+DC80..U+DCFF,
-    from which `.encode("utf-8", "surrogateescape")` gives back the original bytes. `on_bytes` is called with the
-    size of every raw line (e.g. a progress bar's `update`).
+    inside the line). In UTF-8 (the default), bytes that are not valid UTF-8 never fail: they decode to lone
+    surrogates U+DC80..U+DCFF, from which `.encode("utf-8", "surrogateescape")` gives back the original bytes; a
+    UTF-16 or UTF-32 byte-order mark or a NUL byte (never in UTF-8 text) raises `NotTextError`. Another `encoding`
+    (a Python codec name: "utf-16", "latin-1", "cp1252", ...) is decoded strictly, a byte it cannot decode or a NUL
+    character raising `NotTextError`. `on_bytes` is called with the size of every raw line (in another encoding,
+    with the bytes read since the previous line: e.g. a progress bar's `update`).
     """
     if isinstance(source, (str, os.PathLike)):
         with gzip.open(source, "rb") if str(source).endswith(".gz") else open(source, "rb") as stream:
-            yield from read_lines(stream, on_bytes)
+            yield from _lines(stream, on_bytes, encoding, str(source))
         return
-    for index, raw in enumerate(source):
+    yield from _lines(source, on_bytes, encoding, str(getattr(source, "name", "the input")).replace("<stdin>", "stdin"))
+
+
+def _lines(stream: BinaryIO | IO[str], on_bytes: Callable[[int], object] | None, encoding: str, name: str
+           ) -> Iterator[str]:
+    """`read_lines` of an open stream named `name` (for the errors)."""
+    counted = None  # the bytes under a stream decoded here
+    if codecs.lookup(encoding).name != "utf-8" and not isinstance(stream, io.TextIOBase):
+        counted = _CountingReader(stream)
+        stream = io.TextIOWrapper(io.BufferedReader(counted), encoding=encoding, errors="strict", newline="\n")
+    for index, raw in enumerate(_decoding_errors(stream, encoding, name)):
+        if isinstance(raw, bytes):
+            if index == 0 and (bom := next((b for b in FOREIGN_BYTE_ORDER_MARKS if raw.startswith(b)), None)):
+                found = FOREIGN_BYTE_ORDER_MARKS[bom]
+                raise NotTextError(f"{name} starts with a {found} byte-order mark: it is {found} text, not UTF-8. "
+                                   f"Convert it (iconv -f {found} -t UTF-8), or name its encoding (elmo embed "
+                                   f"--encoding {found.lower()})")
+            line = raw.decode("utf-8", "surrogateescape")
+        else:
+            line = raw
+        if "\x00" in line:
+            raise NotTextError(
+                f"{name}: line {index + 1} holds a NUL byte, which text never does (UTF-16 or UTF-32 without a "
+                "byte-order mark, or not text at all?). Convert it to UTF-8, or name its encoding (elmo embed "
+                "--encoding utf-16)")
         if on_bytes is not None:
-            on_bytes(len(raw))
-        line = (raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")).removesuffix("\n")
-        line = line.removesuffix("\r")
+            on_bytes(len(raw) if counted is None else counted.taken())
+        line = line.removesuffix("\n").removesuffix("\r")
         yield line.removeprefix("\ufeff") if index == 0 else line
+
+
+def _decoding_errors(stream: Iterator, encoding: str, name: str) -> Iterator:
+    """The stream's lines, a byte it cannot decode as `NotTextError` naming the file and the encoding."""
+    try:
+        yield from stream
+    except UnicodeDecodeError as error:
+        raise NotTextError(f"{name} is not {encoding} text ({error.reason}): name its encoding (elmo embed "
+                           "--encoding)") from None
+
+
+class _CountingReader(io.RawIOBase):
+    """A binary stream read through, counting its bytes (the progress of a decoded stream)."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream, self.read_bytes, self.reported = stream, 0, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.stream.read(len(buffer))
+        buffer[: len(data)] = data
+        self.read_bytes += len(data)
+        return len(data)
+
+    def taken(self) -> int:
+        """The bytes read since the previous call."""
+        taken, self.reported = self.read_bytes - self.reported, self.read_bytes
+        return taken
 
 
 def expand_files(patterns: Sequence[str]) -> list[str]:

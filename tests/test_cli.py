@@ -309,6 +309,28 @@ def test_embed_bf16_flag_runs_bf16_autocast_where_native_else_float32_with_one_w
         assert 0 < np.abs(a - b).max() < 0.05 * np.abs(a).max() if cpu == "amx" else np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "cp1252"])
+def test_embed_refuses_text_in_another_encoding_in_one_line_and_reads_it_when_told(tiny_model_dir, tmp_path, encoding):
+    """A UTF-16 file read as UTF-8 would be garbage (its BOM and NULs as characters): one line naming the file and
+    what to do, nothing written; `--encoding` reads it, giving the vectors of the same text in UTF-8. (cp1252: valid
+    bytes are never refused, undecodable ones kept, as --help says; named, they decode right.)"""
+    text = "The café by the bank.\nA second line, here.\n"
+    (tmp_path / "utf8.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "other.txt").write_bytes(text.encode(encoding))
+    run("embed", tiny_model_dir, tmp_path / "utf8.txt", tmp_path / "expected.npy", "-q")
+    refused = run("embed", tiny_model_dir, tmp_path / "other.txt", tmp_path / "out.npy", "-q")
+    if encoding != "cp1252":
+        assert_clean_failure(refused, f"Error: {tmp_path / 'other.txt'}" + (
+            " starts with a UTF-16 byte-order mark: it is UTF-16 text, not UTF-8." if encoding == "utf-16" else
+            ": line 1 holds a NUL byte"), exit_code=1)
+        assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.npy").exists()
+    result = run("embed", tiny_model_dir, tmp_path / "other.txt", tmp_path / "out.npy", "-q", "--encoding", encoding)
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), np.load(tmp_path / "expected.npy"))
+    assert_clean_failure(run("embed", tiny_model_dir, tmp_path / "other.txt", tmp_path / "out.npy", "--encoding",
+                             "klingon"), "Invalid value for --encoding: unknown encoding 'klingon'", exit_code=2)
+
+
 def test_embed_shows_progress_and_a_summary_unless_quiet(tiny_model_dir, tmp_path):
     source = tmp_path / "input.txt"
     source.write_text("a b\nc\n", encoding="utf-8")
@@ -321,7 +343,7 @@ def test_embed_shows_progress_and_a_summary_unless_quiet(tiny_model_dir, tmp_pat
 
 @pytest.mark.slow
 def test_embed_reads_stdin_with_invalid_utf8_in_a_subprocess(tiny_model, tiny_model_dir, tmp_path):
-    data = b"caf\xe9 au lait\n\xf0\x9f\x98\x80\x00\n\n" + b"w " * 300
+    data = b"caf\xe9 au lait\n\xf0\x9f\x98\x80\x1b\n\n" + b"w " * 300
     process = subprocess.run(
         [sys.executable, "-m", "elmo_cli", "embed", str(tiny_model_dir), "-", str(tmp_path / "out.npy"),
          "--tokenized", "--layers", "top", "--threads", "1"],

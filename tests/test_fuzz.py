@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel
 from hf_elmo.embed import ElmoEmbedder, embed_file
-from hf_elmo.text import read_lines, split_into_words
+from hf_elmo.text import FOREIGN_BYTE_ORDER_MARKS, NotTextError, read_lines, split_into_words
 
 # Slow (subprocesses and long runs: left out of the fast subset); one torch thread (the tiny models' per-step overhead
 # dominates, and a second thread waits on a busy core).
@@ -162,7 +162,8 @@ LINE = st.one_of(st.binary(max_size=60), TEXT.map(lambda text: text.encode("utf-
 @pytest.mark.parametrize("output", ["out.npy", "out.hdf5"])
 def test_elmo_embed_writes_every_line_with_its_own_vectors(model, tmp_path, output):
     """Raw bytes as a file through `embed_file` (what `elmo embed` runs): one sentence per line, in order, each with
-    the biLM's vectors of its words alone."""
+    the biLM's vectors of its words alone; or, for bytes that are not UTF-8 text at all (a NUL byte, a UTF-16 or
+    UTF-32 byte-order mark at the start), `NotTextError` and nothing written."""
     import h5py
 
     tokenizer = ElmoCharTokenizer()
@@ -177,6 +178,12 @@ def test_elmo_embed_writes_every_line_with_its_own_vectors(model, tmp_path, outp
         source, target = tmp_path / "in.txt", tmp_path / output
         source.write_bytes(data)
         seen.extend(lines)
+        target.unlink(missing_ok=True)
+        if b"\x00" in data or data.startswith(tuple(FOREIGN_BYTE_ORDER_MARKS)):
+            with pytest.raises(NotTextError):
+                embed_file(embedder, source, target, progress=False)
+            assert not target.exists()
+            return
         assert embed_file(embedder, source, target, progress=False) == len(lines)
         texts = list(read_lines(source))
         assert len(texts) == len(lines)

@@ -8,7 +8,15 @@ import torch
 from elmo_fixtures import tiny_config
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel, split_words
-from hf_elmo.text import ElmoBatch, get_word_tokenizer, length_batches, read_lines, remove_sentence_boundaries, windows
+from hf_elmo.text import (
+    ElmoBatch,
+    NotTextError,
+    get_word_tokenizer,
+    length_batches,
+    read_lines,
+    remove_sentence_boundaries,
+    windows,
+)
 
 # -- lines and words ---------------------------------------------------------------------------------------------
 
@@ -19,6 +27,37 @@ def test_lines_split_on_newlines_only_drop_a_bom_and_cr_and_never_fail_on_bytes(
     sizes = []
     list(read_lines(io.BytesIO(b"ab\ncd"), sizes.append))
     assert sizes == [3, 2]
+
+
+@pytest.mark.parametrize("encoding,bom", [("utf-16", "UTF-16"), ("utf-16-be", None), ("utf-32", "UTF-32"),
+                                          ("utf-32-le", None)])
+def test_text_in_another_encoding_fails_in_one_line_naming_the_file_unless_its_encoding_is_given(
+    tmp_path, encoding, bom
+):
+    """UTF-16 / UTF-32 read as UTF-8 would be words of garbage: their byte-order mark, or without one the NUL bytes
+    UTF-8 text never holds, say what it is. Named, the encoding reads it (the byte-order mark dropped), and the
+    progress counts every byte."""
+    text = "The bank\nof the river 😀\r\n\nlast"
+    path = tmp_path / "in.txt"
+    path.write_bytes(text.encode(encoding))
+    with pytest.raises(NotTextError) as error:
+        list(read_lines(path))
+    message = str(error.value)
+    assert message.startswith(f"{path} starts with a {bom} byte-order mark" if bom else f"{path}: line 1 holds a NUL")
+    assert "--encoding" in message and "\n" not in message
+    sizes = []
+    assert list(read_lines(path, sizes.append, encoding=encoding)) == ["The bank", "of the river 😀", "", "last"]
+    assert sum(sizes) == path.stat().st_size
+
+
+def test_a_nul_byte_fails_on_its_line_and_a_byte_another_encoding_cannot_decode_fails_too():
+    with pytest.raises(NotTextError, match="the input: line 3 holds a NUL byte"):
+        list(read_lines(io.BytesIO(b"one\ntwo\nthr\x00ee\n")))
+    assert list(read_lines(io.BytesIO("café\n".encode("latin-1")), encoding="latin-1")) == ["café"]
+    with pytest.raises(NotTextError, match="the input is not utf-16 text"):
+        list(read_lines(io.BytesIO(b"\xff\xfeab\x00"), encoding="utf-16"))
+    with pytest.raises(NotTextError, match="NUL"):  # a NUL character decoded from another encoding is no text either
+        list(read_lines(io.BytesIO("a\x00b".encode("utf-16")), encoding="utf-16"))
 
 
 @pytest.mark.parametrize("text,words", [

@@ -38,9 +38,12 @@ def embed_file(
     progress: bool = True,
     sentence_index: bool = True,
     sentence_keys: bool = False,
+    encoding: str = "utf-8",
 ) -> int:
     """Embed every line of `input_file` (a path, `"-"` for stdin, or an open binary or text file) as one sentence
-    into `output_file`; returns the line count. `sentence_index`, `sentence_keys`: see `Hdf5Writer`.
+    into `output_file`; returns the line count. `sentence_index`, `sentence_keys`: see `Hdf5Writer`; `encoding`: the
+    input's (`hf_elmo.text.read_lines`: in UTF-8 undecodable bytes are kept, a UTF-16/32 byte-order mark or a NUL
+    byte is `NotTextError`, and nothing is written).
 
     Line i is sentence i: an empty or whitespace-only line is a sentence without words. Lines are whitespace-
     separated words with `tokenized=True` (`str.split`), else raw text split by the embedder's tokenizer's word
@@ -59,7 +62,7 @@ def embed_file(
         ))
         writer = stack.enter_context(open_writer(output_file, embedder.token_shape, sentence_index, sentence_keys))
         progress_bar = _LineProgress(bar)
-        embed_lines(embedder, read_lines(stream, progress_bar.sizes.append), writer, tokenized,
+        embed_lines(embedder, read_lines(stream, progress_bar.sizes.append, encoding), writer, tokenized,
                      progress_bar.window, progress_bar.line)
         return writer.count
 

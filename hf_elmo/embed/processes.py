@@ -77,6 +77,7 @@ def embed_file_in_parts(
     progress: bool = True,
     sentence_index: bool = True,
     sentence_keys: bool = False,
+    encoding: str = "utf-8",
 ) -> int:
     """`embed_file` shared by `world_size` processes (e.g. started by `torchrun` or `accelerate launch`); this is
     process `rank`. Returns the line count of `input_file`.
@@ -94,14 +95,13 @@ def embed_file_in_parts(
         raise ValueError("embedding in several processes reads a file (each process reads it), not stdin")
     if rank == 0:  # a bad output name or format fails before any work
         open_writer(output_file, embedder.token_shape, sentence_index, sentence_keys).discard()
-    with open(input_file, "rb") as stream:
-        total = sum(1 for _ in stream)
+    total = sum(1 for _ in read_lines(input_file, encoding=encoding))  # a file that is not text fails here
     share = range(total * rank // world_size, total * (rank + 1) // world_size)
     output_file = Path(output_file)
     parts = [_Part(output_file.with_name(f".{output_file.name}.part-{r}-of-{world_size}.npy"))
              for r in range(world_size)]
     with open(input_file, "rb") as stream, _PartWriter(parts[rank], embedder.token_shape) as writer:
-        lines = itertools.islice(read_lines(stream), share.start, share.stop)
+        lines = itertools.islice(read_lines(stream, encoding=encoding), share.start, share.stop)
         bar = tqdm(lines, total=len(share), unit="line", desc=f"embedding, process {rank}/{world_size}",
                    file=sys.stderr, disable=not progress)
         embed_lines(embedder, bar, writer, tokenized)
