@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from confection import ConfigValidationError
 from spacy.util import SimpleFrozenDict, registry
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoModel, ModelLoadError, load_model, load_tokenizer
@@ -26,10 +27,21 @@ CONFIG_SETTINGS = (" (the biLM's `name` in the pipeline config: [components.<elm
 NO_SETTINGS = SimpleFrozenDict()
 
 
+class BiLMNameError(ConfigValidationError, ModelLoadError):
+    """A biLM named in a pipeline config that gives no model: a `ModelLoadError` (one line, from the Python API), and a
+    `ConfigValidationError`, which spaCy's commands (`spacy train`, `spacy debug config`, ...) print as one line and
+    exit 1, where any other error would be a traceback."""
+
+    @classmethod
+    def naming_the_settings(cls, error: ModelLoadError) -> BiLMNameError:
+        """`error`'s message, with the config settings that give the name."""
+        return cls(title=f"{error}{CONFIG_SETTINGS}", show_config=False)
+
+
 def load_pretrained(name: str | Path | None, revision: str | None = None) -> Weights:
     """A biLM from a local `save_pretrained` directory (e.g. written by `elmo convert`), a Hub id, or `"default"`:
     the English model shipped inside the package (`hf_elmo.DEFAULT_MODEL`); a biLM that reads characters through
-    lexicons (ELMoForManyLangs') with its tokenizer. A bad name fails with a one-line `ModelLoadError` that names the
+    lexicons (ELMoForManyLangs') with its tokenizer. A bad name fails with a one-line `BiLMNameError` that names the
     config settings that give it."""
     if not name:
         raise ValueError(
@@ -42,7 +54,7 @@ def load_pretrained(name: str | Path | None, revision: str | None = None) -> Wei
             return model
         return model, load_tokenizer(name, revision=revision)
     except ModelLoadError as error:
-        raise ModelLoadError(f"{error}{CONFIG_SETTINGS}") from None
+        raise BiLMNameError.naming_the_settings(error) from None
 
 
 def check_pretrained_name(name: str | Path) -> None:
@@ -51,7 +63,7 @@ def check_pretrained_name(name: str | Path) -> None:
     try:
         check_model_name(name)
     except ModelLoadError as error:
-        raise ModelLoadError(f"{error}{CONFIG_SETTINGS}") from None
+        raise BiLMNameError.naming_the_settings(error) from None
 
 
 def random_bilm(preset: str | None = "small", config: dict[str, Any] | None = None, seed: int = 0) -> ElmoModel:

@@ -30,9 +30,9 @@ def require(path: Path) -> Path:
 
 
 def message_words(output: str) -> str:
-    """A command's output as its words, one space apart: what a message says, whatever the terminal's width made of
-    it (line breaks, and the borders of rich's error panel)."""
-    return " ".join(re.sub("[\u2500-\u257f]", " ", output).split())
+    """A command's output as its words, one space apart: what a message says, whatever the terminal made of it (line
+    breaks, the borders of rich's error panel, colour codes)."""
+    return " ".join(re.sub("[\u2500-\u257f]|\x1b\\[[0-9;]*m", " ", output).split())
 
 
 def sentences(path: Path) -> list[list[str]]:

@@ -215,3 +215,22 @@ def test_every_registered_function_is_declared_as_an_entry_point():
     for kind, name in registered:
         assert (f"spacy_{kind}", name) in declared, f"{name} has no spacy_{kind} entry point (setup.cfg)"
         assert declared[f"spacy_{kind}", name].load() is registry.get(kind, name)
+
+
+@pytest.mark.parametrize("command", [["train"], ["debug", "config"]])
+def test_spacy_commands_say_a_misspelt_bilm_name_in_one_line(tmp_path, command):
+    """`spacy train config.cfg --paths.elmo_model orignal`: spaCy's own one-line config error (exit 1), the close name
+    suggested, instead of a traceback from inside spaCy (the error is also a ConfigValidationError)."""
+    from spacy.cli import app as spacy_app
+    from spacy.tokens import DocBin
+
+    make_config("ner").to_disk(tmp_path / "config.cfg")
+    DocBin(docs=[spacy.blank("en")("A sentence .")]).to_disk(tmp_path / "docs.spacy")
+    registry.cli.get_all()  # what the `spacy` command does first: load the `spacy_cli` entry points
+    corpus = str(tmp_path / "docs.spacy")
+    result = CliRunner().invoke(spacy_app, [*command, str(tmp_path / "config.cfg"), "--paths.train", corpus,
+                                            "--paths.dev", corpus, "--paths.elmo_model", "orignal"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    words = message_words(result.output)
+    assert "✘ unknown model 'orignal': not a directory" in words and "(did you mean 'original'?)" in words
+    assert words.endswith("`paths.elmo_model` in the shipped configs)")
