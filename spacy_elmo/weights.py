@@ -37,6 +37,9 @@ class BiLMNameError(ConfigValidationError, ModelLoadError):
         """`error`'s message, with the config settings that give the name."""
         return cls(title=f"{error}{CONFIG_SETTINGS}", show_config=False)
 
+    def __str__(self) -> str:
+        return self.title  # the one line (a ConfigValidationError's text starts with blank lines)
+
 
 def load_pretrained(name: str | Path | None, revision: str | None = None) -> Weights:
     """A biLM from a local `save_pretrained` directory (e.g. written by `elmo convert`), a Hub id, or `"default"`:
