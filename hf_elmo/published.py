@@ -154,15 +154,9 @@ def published_model(name: str, progress: bool = True) -> str:
     converted = directory / "converted"
     if (converted / "model.safetensors").is_file():
         return str(converted)
-    if isinstance(model, EfmlPublishedModel):
-        by_hand = (f"or download {model.url(model.archive_path)}, run `elmo convert ZIP DIR` and give DIR as the "
-                   "model")
-    else:
-        by_hand = (f"or download {model.url(model.options_path)} and {model.url(model.weights_path)}, run `elmo "
-                   "convert OPTIONS WEIGHTS DIR` and give DIR as the model")
     if is_offline_mode():
         raise PublishedModelError(f"the published model {name!r} is not in the cache ({converted}) and the Hub is "
-                                  f"offline (HF_HUB_OFFLINE=1): use it once online, {by_hand}")
+                                  f"offline (HF_HUB_OFFLINE=1): use it once online, or {_by_hand(model)}")
     if not isinstance(model, EfmlPublishedModel):
         from .original_format import require_h5py
 
@@ -195,6 +189,14 @@ def published_model(name: str, progress: bool = True) -> str:
     return str(converted)
 
 
+def _by_hand(model: PublishedModel | EfmlPublishedModel) -> str:
+    """How to get `model` without this package's download: its files, converted by `elmo convert`."""
+    if isinstance(model, EfmlPublishedModel):
+        return f"download {model.url(model.archive_path)}, run `elmo convert ZIP DIR` and give DIR as the model"
+    return (f"download {model.url(model.options_path)} and {model.url(model.weights_path)}, run `elmo convert OPTIONS "
+            "WEIGHTS DIR` and give DIR as the model")
+
+
 def _download(
     model: PublishedModel | EfmlPublishedModel, remote: str, path: Path, sha256: str | None, progress: bool
 ) -> Path:
@@ -219,13 +221,9 @@ def _download(
             incomplete.unlink(missing_ok=True)  # a wrong size: start again next time
             raise PublishedModelError(f"{url} downloaded with another size than the server announced: the file was "
                                       "removed; run the command again") from None
-        if isinstance(model, EfmlPublishedModel):
-            what_to_do = (f"use the cache alone (HF_HUB_OFFLINE=1), a mirror (ELMO_EFML_ENDPOINT=URL), or `elmo "
-                          f"convert` {url} once downloaded and give that directory as the model")
-        else:
-            folder = model.url(remote.rpartition("/")[0])
-            what_to_do = (f"use the cache alone (HF_HUB_OFFLINE=1), a mirror (ELMO_PUBLISHED_ENDPOINT=URL), or `elmo "
-                          f"convert` the two files of {folder}/ and give that directory as the model")
+        # Nothing of this model is in the cache yet (it is being downloaded): a mirror, or by hand.
+        endpoint = "ELMO_EFML_ENDPOINT" if isinstance(model, EfmlPublishedModel) else "ELMO_PUBLISHED_ENDPOINT"
+        what_to_do = f"use a mirror ({endpoint}=URL), or {_by_hand(model)}"
         if _unreachable(error):
             raise PublishedModelError(f"cannot download the published model {model.name!r}: "
                                       f"{urlsplit(url).netloc} cannot be reached ({reason}); {what_to_do}") from None

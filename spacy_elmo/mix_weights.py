@@ -75,7 +75,8 @@ def plot_mix_weights(mixes: list[MixWeights], output: Path) -> Path:
     import matplotlib.pyplot as plt
 
     n_layers = max(len(mix.weights) for mix in mixes)
-    figure, axis = plt.subplots(figsize=(2.0 + 1.6 * len(mixes), 3.6))
+    # At least 5.2 inches: the title's width (one mix alone made a figure narrower than its title).
+    figure, axis = plt.subplots(figsize=(max(5.2, 2.0 + 1.6 * len(mixes)), 3.6))
     width = 0.8 / n_layers
     for j, layer in enumerate(layer_names(n_layers)):
         x = np.arange(len(mixes)) + (j - (n_layers - 1) / 2) * width
@@ -90,7 +91,7 @@ def plot_mix_weights(mixes: list[MixWeights], output: Path) -> Path:
     axis.set_ylabel("softmax(s)")
     axis.set_ylim(0, 1)
     axis.legend(fontsize="small")
-    axis.set_title("ELMo layer weights of each task mix, learned")
+    axis.set_title("ELMo layer weights of each task mix, learned", fontsize="medium")
     figure.tight_layout()
     figure.savefig(output, dpi=120)
     plt.close(figure)

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from elmo_cli import app
 from hf_elmo import ElmoConfig, ElmoForBidirectionalLM, ElmoModel, split_words
+from hf_elmo.extras import install_command
 
 # Wide enough that rich never wraps an error message (a temporary path) inside its panel.
 runner = CliRunner(env={"COLUMNS": "1000"})
@@ -469,8 +470,7 @@ def test_a_missing_h5py_is_one_line_naming_the_extra(tiny_model_dir, tmp_path, m
     places["input"].write_text("a b\n")
     monkeypatch.setitem(sys.modules, "h5py", None)  # `import h5py` raises ImportError
     result = run(*(str(arg).format(**places) for arg in command))
-    assert_clean_failure(result, 'need h5py: pip install ".[hdf5]" in a checkout, or pip install '
-                                 '"spacy-elmo[hdf5] @ git+<repository URL>"', exit_code=1)
+    assert_clean_failure(result, f"need h5py: {install_command('hdf5')}", exit_code=1)
     assert result.stderr.count("\n") == 1
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
 
@@ -548,5 +548,26 @@ def test_a_missing_accelerate_is_one_line_naming_the_train_extra(tmp_path, comma
     script = f"import sys\nsys.modules['accelerate'] = None\nfrom elmo_cli import app\napp({command!r})"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 1 and result.stdout == "" and result.stderr == (
-        'Error: training needs accelerate: pip install ".[train]" in a checkout, or pip install '
-        '"spacy-elmo[train] @ git+<repository URL>"\n')
+        f"Error: training needs accelerate: {install_command('train')}\n")
+
+
+@pytest.mark.parametrize("record,command", [
+    ({"url": "file:///src/spacy-elmo", "dir_info": {"editable": True}}, 'pip install -e "/src/spacy-elmo[plots]"'),
+    ({"url": "file:///src/spacy-elmo", "dir_info": {}}, 'pip install "/src/spacy-elmo[plots]"'),
+    ({"url": "https://example.org/spacy-elmo.git", "vcs_info": {"vcs": "git", "commit_id": "abc"}},
+     'pip install "spacy-elmo[plots] @ git+https://example.org/spacy-elmo.git"'),
+    (None, 'pip install "spacy-elmo[plots]"'),
+])
+def test_a_missing_extra_is_installed_from_where_the_package_came(monkeypatch, record, command):
+    """What pip recorded of this install (PEP 610's direct_url.json): a checkout (editable or not), a git URL, else
+    the name; never a placeholder."""
+    import json
+
+    from hf_elmo import extras
+
+    class Distribution:
+        def read_text(self, name):
+            return json.dumps(record) if record is not None and name == "direct_url.json" else None
+
+    monkeypatch.setattr(extras, "distributions", lambda name: [Distribution(), Distribution()])
+    assert extras.install_command("plots") == command

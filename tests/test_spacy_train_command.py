@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from elmo_cli import app
 from hf_elmo import ElmoModel
+from hf_elmo.extras import install_command
 from spacy_elmo.cli import app as elmo_app
 from spacy_elmo.layers import elmo_shim
 
@@ -199,7 +200,10 @@ def test_spacy_benchmark_and_package_work_on_the_trained_pipeline(trained, tmp_p
     speed = invoke(spacy_app, "benchmark", "speed", model, work / "ner-dev.spacy", "--batches", 30, "--warmup", 1,
                    "--batch-size", 1)
     assert "words/s" in speed
-    invoke(spacy_app, "package", model, tmp_path, "--name", "elmo_ner", "--version", "0.0.1", "--build", "none")
+    # The sdist through `python -m build` (the dev extra has it; without it spaCy falls back to setup.py, deprecated).
+    packaged = invoke(spacy_app, "package", model, tmp_path, "--name", "elmo_ner", "--version", "0.0.1", "--build",
+                      "sdist")
+    assert "Falling back" not in packaged and (tmp_path / "en_elmo_ner-0.0.1/dist/en_elmo_ner-0.0.1.tar.gz").is_file()
     meta = srsly.read_json(tmp_path / "en_elmo_ner-0.0.1" / "meta.json")
     # The distribution providing the factory is `spacy-elmo` (`elmo` on PyPI is another project).
     assert any(requirement.startswith("spacy-elmo>=") for requirement in meta["requirements"]), meta["requirements"]
@@ -266,9 +270,7 @@ def test_mix_weights_cli_reads_every_task_mix_beside_its_start(trained, tmp_path
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     result = CliRunner().invoke(elmo_app, ["mix-weights", str(path), "--plot", str(tmp_path / "again.png")])
     assert result.exit_code == 1 and not (tmp_path / "again.png").exists()
-    assert result.stderr.strip().splitlines()[-1] == (
-        'Error: --plot needs matplotlib: pip install ".[plots]" in a checkout, or pip install '
-        '"spacy-elmo[plots] @ git+<repository URL>"')
+    assert result.stderr.strip().splitlines()[-1] == f"Error: --plot needs matplotlib: {install_command('plots')}"
 
 
 GPU_TRAINING_SCRIPT = """
@@ -318,3 +320,26 @@ def test_training_steps_on_a_gpu_match_the_cpus_and_warn_nothing(tmp_path):
         assert figures[f"{device}-losses"][-1] < 0.5 * figures[f"{device}-losses"][0]  # it trains
     np.testing.assert_allclose(figures["gpu-losses"], figures["cpu-losses"], rtol=2e-3, atol=1e-3)
     np.testing.assert_allclose(figures["gpu-mix"], figures["cpu-mix"], rtol=2e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("n_mixes", [1, 2, 5])
+def test_the_mix_weights_plot_shows_its_title_and_labels_whole(tmp_path, monkeypatch, n_mixes):
+    """Every text of the figure inside it, however few mixes (one mix made a figure of 432 px, its title cut)."""
+    import matplotlib.pyplot as plt
+
+    from spacy_elmo.mix_weights import MixWeights, plot_mix_weights
+
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figures.append)
+    mixes = [MixWeights(f"component{i}", "input" if i % 2 else "", np.array([0.2, 0.3, 0.5]), 1.25,
+                        np.full(3, 1 / 3)) for i in range(n_mixes)]
+    assert plot_mix_weights(mixes, tmp_path / "weights.png").read_bytes()[:4] == b"\x89PNG"
+    [figure] = figures
+    renderer = figure.canvas.get_renderer()
+    axis = figure.axes[0]
+    texts = [axis.title, *axis.get_xticklabels(), axis.yaxis.label, axis.get_legend()]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1, text
+        assert figure.bbox.y0 <= box.y0 and box.y1 <= figure.bbox.y1, text
+    close(figure)
