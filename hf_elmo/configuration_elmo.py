@@ -102,6 +102,10 @@ class ElmoConfig(PreTrainedConfig):
         word_vocab_size (`int`, 0), word_embedding_dim (`int`, 0): a word embedding beside the char CNN (both > 0, or
             both 0 for none: every model but ELMoForManyLangs'): `word_vocab_size` rows (row 0 a padding position's),
             each of `word_embedding_dim`, put before the highway output and projected with it.
+        token_projection (`bool` or `None`, `None`): whether a linear projection maps the word embedding and the
+            highway output to the LSTM input width (`projection_dim`): `None` where the widths differ (bilm-tf's
+            rule: the published models), `True` always (ELMoForManyLangs' models; original weights with a
+            `CNN_proj` of equal widths), `False` never (the widths must be equal).
         max_characters_per_token (`int`, 50): character slots per token, begin/end-of-word markers included.
         lstm_dim (`int`, 4096): LSTM memory cell size (`lstm.dim`).
         projection_dim (`int`, 512): projected hidden state size per direction (`lstm.projection_dim`); also the
@@ -151,6 +155,7 @@ class ElmoConfig(PreTrainedConfig):
         padding_char_id: int = BYTE_PADDING_CHAR_ID,
         word_vocab_size: int = 0,
         word_embedding_dim: int = 0,
+        token_projection: bool | None = None,
         lstm_dim: int = 4096,
         projection_dim: int = 512,
         n_layers: int = 2,
@@ -203,6 +208,12 @@ class ElmoConfig(PreTrainedConfig):
                              f"character_vocabulary='bytes', got {padding_char_id!r}")
         if problem := integer_problem(padding_char_id, 1, n_characters - 1):
             raise ValueError(f"ElmoConfig.padding_char_id {problem} (a row of the character embedding, not 0)")
+        if token_projection not in (None, True, False):
+            raise ValueError(f"ElmoConfig.token_projection must be true, false or null, got {token_projection!r}")
+        if token_projection is False and word_embedding_dim + sum(n for _, n in filters) != projection_dim:
+            raise ValueError(f"ElmoConfig.token_projection is false, but the token width (the word embedding and the "
+                             f"filters: {word_embedding_dim + sum(n for _, n in filters)}) differs from "
+                             f"projection_dim ({projection_dim}): only a projection maps one onto the other")
         if (word_vocab_size > 0) != (word_embedding_dim > 0):
             raise ValueError(f"ElmoConfig.word_vocab_size ({word_vocab_size}) and word_embedding_dim "
                              f"({word_embedding_dim}) are both > 0 (a word embedding) or both 0 (none)")
@@ -250,6 +261,7 @@ class ElmoConfig(PreTrainedConfig):
         self.padding_char_id = padding_char_id
         self.word_vocab_size = word_vocab_size
         self.word_embedding_dim = word_embedding_dim
+        self.token_projection = token_projection
         self.lstm_dim = lstm_dim
         self.projection_dim = projection_dim
         self.n_layers = n_layers
@@ -279,6 +291,13 @@ class ElmoConfig(PreTrainedConfig):
     def token_input_dim(self) -> int:
         """Width of what the projection to the LSTM input reads: the word embedding, then the highway output."""
         return self.word_embedding_dim + self.n_filters
+
+    @property
+    def projects_tokens(self) -> bool:
+        """Whether the token representation is projected to `projection_dim` (`token_projection`)."""
+        if self.token_projection is None:
+            return self.token_input_dim != self.projection_dim
+        return self.token_projection
 
     @property
     def output_dim(self) -> int:

@@ -207,6 +207,7 @@ def elmo_config(model: EfmlModel) -> ElmoConfig:
         padding_char_id=model.char_lexicon["<pad>"] + 1,
         word_vocab_size=word_rows + 1 if word_rows else 0,
         word_embedding_dim=embedder["word_dim"] if word_rows else 0,
+        token_projection=True,  # its token embedder always projects, equal widths too
         lstm_dim=encoder["dim"],
         projection_dim=encoder["projection_dim"],
         n_layers=encoder["n_layers"],
@@ -237,9 +238,6 @@ def state_dict(model: EfmlModel, config: ElmoConfig) -> dict[str, torch.Tensor]:
         for kind in ("weight", "bias"):
             transform, gate = tokens[f"highways._layers.{k}.{kind}"].split(n_filters)
             state[f"char_cnn.highway.layers.{k}.{kind}"] = torch.cat([transform, -gate])
-    if config.token_input_dim == config.projection_dim:
-        raise OriginalFormatError("the model's projection maps its token width onto itself; this project projects "
-                                  "only between different widths")
     for kind in ("weight", "bias"):
         state[f"char_cnn.projection.{kind}"] = tokens[f"projection.{kind}"]
 

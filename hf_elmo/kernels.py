@@ -47,8 +47,8 @@ class CharCnnWeights:
     char_embedding (n_characters, char_dim), its row `padding_idx` all zeros; word_embedding (word_vocab_size,
     word_dim) or None (no word embedding); filters: per bank the Conv1d weight (n_filters, char_dim, width) and bias
     (n_filters,); highway: per layer the (2F, F) weight (transform, then gate) and (2F,) bias; projection: (P,
-    word_dim + F) weight and (P,) bias, None where word_dim + F == P; `padding_char_id` fills a word's row after its
-    end-of-word character.
+    word_dim + F) weight and (P,) bias, None without a projection (`ElmoConfig.projects_tokens`); `padding_char_id`
+    fills a word's row after its end-of-word character.
     """
 
     char_embedding: torch.Tensor

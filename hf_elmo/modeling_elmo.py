@@ -136,9 +136,8 @@ class ElmoCharCNN(nn.Module):
         )
         self.activation = config.activation
         self.highway = ElmoHighway(config.n_filters, config.n_highway)
-        # bilm-tf projects only when the CNN width differs from the LSTM input width.
-        width = config.token_input_dim
-        self.projection = nn.Linear(width, config.projection_dim) if width != config.projection_dim else None
+        # bilm-tf projects only when the CNN width differs from the LSTM input width; ELMoForManyLangs always.
+        self.projection = nn.Linear(config.token_input_dim, config.projection_dim) if config.projects_tokens else None
 
     def forward(
         self, input_ids: torch.Tensor, mask: torch.Tensor, word_input_ids: torch.Tensor | None = None

@@ -69,11 +69,10 @@ def options_from_config(config: ElmoConfig) -> dict:
         "projection_dim": config.projection_dim,
         "n_layers": config.n_layers,
         "use_skip_connections": config.use_skip_connections,
+        # Always written (null: no clipping): AllenNLP's `_ElmoBiLm` reads both keys, bilm-tf takes null as none.
+        "cell_clip": config.cell_clip,
+        "proj_clip": config.proj_clip,
     }
-    if config.cell_clip is not None:
-        lstm["cell_clip"] = config.cell_clip
-    if config.proj_clip is not None:
-        lstm["proj_clip"] = config.proj_clip
     char_cnn = {
         "activation": config.activation,
         "embedding": {"dim": config.char_embedding_dim},
@@ -100,7 +99,7 @@ def original_layout(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
         for name in ("carry", "transform"):
             layout[f"CNN_high_{k}/W_{name}"] = (filters, filters)
             layout[f"CNN_high_{k}/b_{name}"] = (filters,)
-    if filters != P:
+    if config.projects_tokens:
         layout["CNN_proj/W_proj"] = (filters, P)
         layout["CNN_proj/b_proj"] = (P,)
     for direction in range(2):
@@ -114,8 +113,9 @@ def original_layout(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _read_hdf5(weights_file: str | Path, config: ElmoConfig, progress: bool = False) -> dict[str, np.ndarray]:
+    """The datasets of `original_layout(config)`; a `CNN_proj` between equal widths (which AllenNLP reads, and bilm-tf
+    never writes) sets `config.token_projection`."""
     h5py = require_h5py()
-    layout = original_layout(config)
     try:
         handle = h5py.File(weights_file, "r")
     except FileNotFoundError:
@@ -128,6 +128,9 @@ def _read_hdf5(weights_file: str | Path, config: ElmoConfig, progress: bool = Fa
         handle.visititems(lambda name, item: found.append(name) if isinstance(item, h5py.Dataset) else None)
         if "embedding" in found and "char_embed" not in found:
             raise OriginalFormatError(f"{weights_file}: a word-input biLM ('embedding' dataset); not supported")
+        if not config.projects_tokens and "CNN_proj/W_proj" in found:
+            config.token_projection = True
+        layout = original_layout(config)
         items = tqdm(layout.items(), desc="reading weights", unit=" arrays", disable=not progress, leave=False)
         for name, shape in items:
             if name not in handle:

@@ -33,10 +33,12 @@ CONFIG = {
 }
 
 
-def make_efml_model(directory: Path, seed: int = 0) -> Path:
+def make_efml_model(directory: Path, seed: int = 0, config: dict | None = None) -> Path:
     """An ELMoForManyLangs model with random weights, written by its own classes as its published models are:
     config.json naming the configuration, char.dic (one entry, a space, that its reader turns into U+3000), word.dic,
-    token_embedder.pkl and encoder.pkl (state dicts; the encoder in PyTorch's pre-zip format)."""
+    token_embedder.pkl and encoder.pkl (state dicts; the encoder in PyTorch's pre-zip format). `config`: another
+    configuration than `CONFIG` (the same word and character dimensions)."""
+    config = config or CONFIG
     from elmoformanylangs.frontend import Model
     from elmoformanylangs.modules.embedding_layer import EmbeddingLayer
 
@@ -48,10 +50,10 @@ def make_efml_model(directory: Path, seed: int = 0) -> Path:
     (directory / "char.dic").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (directory / "word.dic").write_text("".join(f"{w}\t{i}\n" for w, i in words.items()), encoding="utf-8")
     chars["\u3000"] = len(chars)
-    (directory / "cnn_test.json").write_text(json.dumps(CONFIG), encoding="utf-8")
+    (directory / "cnn_test.json").write_text(json.dumps(config), encoding="utf-8")
     (directory / "config.json").write_text(json.dumps({"seed": 1, "config_path": "cnn_test.json"}), encoding="utf-8")
     torch.manual_seed(seed)
-    model = Model(CONFIG, EmbeddingLayer(6, words, fix_emb=False), EmbeddingLayer(5, chars, fix_emb=False), False)
+    model = Model(config, EmbeddingLayer(6, words, fix_emb=False), EmbeddingLayer(5, chars, fix_emb=False), False)
     with torch.no_grad():  # weights large enough for the clipping and the gates to matter
         for name, parameter in model.named_parameters():
             if "embedding" not in name:

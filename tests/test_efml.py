@@ -4,6 +4,7 @@ converted exactly (held against `elmoformanylangs`' own `Embedder` on a random m
 
 from __future__ import annotations
 
+import copy
 import logging
 import pickle
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from efml_fixtures import SENTENCES, efml_archive, make_efml_model, their_embedder
+from efml_fixtures import CONFIG, SENTENCES, efml_archive, make_efml_model, their_embedder
 from elmo_fixtures import message_words
 from typer.testing import CliRunner
 
@@ -61,6 +62,35 @@ def test_its_embedder_and_ours_give_the_same_vectors_from_its_directory(efml_dir
     expected = theirs.sents2elmo(sentences, output_layer=output_layer)
     assert max(float(np.abs(x).max(initial=0.0)) for x in expected) > 1.0  # weights that matter
     assert_same(Embedder(efml_dir, batch_size=3).sents2elmo(sentences, output_layer=output_layer), expected)
+
+
+def test_a_model_whose_token_width_is_its_lstm_input_width_is_exact_too(tmp_path):
+    """Its token embedder projects the word embedding and the highway output even when they have the LSTM input
+    width already (26 here): the converted model keeps that projection (`token_projection`). The same function:
+    every output layer of both, computed in float64, within the float32 rounding of the outputs (in float32 the
+    wider LSTM's rounding grows to ~7e-5 on this random model's saturated gates)."""
+    config = copy.deepcopy(CONFIG)
+    config["encoder"].update(projection_dim=6 + 20, dim=32)  # word_dim 6 + filters 4 + 8 + 8
+    model_dir = make_efml_model(tmp_path / "equal.model", seed=1, config=config)
+    theirs = their_embedder(model_dir)
+    ours = Embedder(model_dir, batch_size=3)
+    assert ours._embedder.model.config.token_projection is True
+    assert ours._embedder.model.char_cnn.projection.weight.shape == (26, 26)
+    sentences = [s for s in SENTENCES if s]
+    theirs.model.double()
+    ours._embedder.model.double()
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # its embedder makes its inputs in the default dtype
+    try:
+        for output_layer in OUTPUT_LAYERS:
+            expected = theirs.sents2elmo(sentences, output_layer=output_layer)
+            got = ours.sents2elmo(sentences, output_layer=output_layer)
+            assert max(float(np.abs(a - b).max()) for a, b in zip(got, expected, strict=True)) <= 1e-6
+    finally:
+        torch.set_default_dtype(default_dtype)
+    result = CliRunner().invoke(app, ["convert", str(model_dir), str(tmp_path / "converted")])
+    assert result.exit_code == 0, result.output
+    assert ElmoModel.from_pretrained(tmp_path / "converted").config.projects_tokens
 
 
 def test_the_converted_directory_the_zip_and_the_reference_blocks_give_the_same_vectors(efml_dir, theirs, tmp_path):

@@ -59,6 +59,8 @@ def test_converted_directory_loads_with_auto_classes(tmp_path):
     {"filters": [[1, 4], [2, 4]], "projection_dim": 8, "n_highway": 0},  # F == P: no CNN_proj datasets
     {"projection_dim": 24, "cell_clip": None, "proj_clip": None},  # P == D: no W_P_0 datasets
     {"use_skip_connections": False, "activation": "tanh", "n_layers": 3},
+    # F == P with a projection all the same (AllenNLP reads a CNN_proj whatever the widths; bilm-tf never writes one)
+    {"filters": [[1, 4], [2, 4]], "projection_dim": 8, "n_highway": 0, "token_projection": True},
 ])
 def test_layout_variants_round_trip(tmp_path, overrides):
     torch.manual_seed(0)
@@ -69,6 +71,30 @@ def test_layout_variants_round_trip(tmp_path, overrides):
     reloaded = model_from_original(options, weights)
     for key, value in model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[key], value), key
+    assert reloaded.config.projects_tokens == model.config.projects_tokens
+    assert ("CNN_proj/W_proj" in read_all(weights)) == model.config.projects_tokens
+    lstm = json.loads(options.read_text())["lstm"]  # AllenNLP reads both clips (null: none), bilm-tf takes them too
+    assert (lstm["cell_clip"], lstm["proj_clip"]) == (model.config.cell_clip, model.config.proj_clip)
+
+
+def test_a_projection_between_equal_widths_is_a_linear_map_of_the_token_representation(tokenizer):
+    """`token_projection=True` at F == P: the highway output goes through the projection (not the identity), in the
+    kernels as in the reference blocks; `False` refuses different widths in one line."""
+    torch.manual_seed(0)
+    config = tiny_config(filters=[[1, 4], [2, 4]], projection_dim=8, n_highway=1, token_projection=True)
+    model = ElmoModel(config).eval()
+    batch = tokenizer.batch([["The", "bank", "."], ["Hi"]])
+    with torch.no_grad():
+        kernels = model(**batch).hidden_states
+        model.config.implementation = "reference"
+        blocks = model(**batch).hidden_states
+        highway = model.char_cnn.highway(torch.randn(3, 8))
+        assert not torch.allclose(model.char_cnn.projection(highway), highway)
+    for a, b in zip(kernels, blocks, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="token_projection is false, but the token width .* differs from "
+                                         "projection_dim"):
+        tiny_config(token_projection=False)
 
 
 @pytest.fixture
