@@ -290,8 +290,7 @@ def _parse_weights(weights: str) -> tuple[float, ...]:
 EMBED_FLAGS = {
     "layers": "--layers", "scalar_parameters": "--weights", "gamma": "--gamma", "batch_tokens": "--batch-tokens",
     "buffer_tokens": "--buffer-tokens", "batch_size": "--batch-size", "max_sentence_words": "--max-sentence-words",
-    "device": "--device", "cuda_device": "--cuda-device", "device/cuda_device": "--device/--cuda-device",
-    "bf16": "--bf16", "output": "OUTPUT", "options_file/weight_file": "--options-file/--weight-file",
+    "device": "--device", "cuda_device": "--cuda-device", "bf16": "--bf16", "output": "OUTPUT",
     "sentence_keys": "--use-sentence-keys",
 }
 
@@ -314,7 +313,8 @@ def embed(
     arguments: Annotated[list[str], typer.Argument(
         metavar="[MODEL] INPUT OUTPUT",
         help=f"MODEL: {MODEL_HELP} [default: `default`, or the original weights of --options-file/--weight-file]. "
-        "INPUT: text file, one sentence per line; `-`: stdin. OUTPUT: `.hdf5`, `.h5` or `.npy` file.",
+        "INPUT: text file, one sentence per line; `-`: stdin. OUTPUT: a `.npy` file, or any other name for HDF5 "
+        "(`.hdf5`, `.h5`, ...: AllenNLP's `elmo` layout, which `allennlp elmo` writes whatever the name).",
     )],
     tokenized: Annotated[
         bool | None,
@@ -380,7 +380,8 @@ def embed(
     """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
 
     `allennlp elmo INPUT OUTPUT --top --options-file O --weight-file W --batch-size 64 --cuda-device 0` works
-    with the same flags here: `elmo embed` followed by them.
+    with the same flags here: `elmo embed` followed by them (the output HDF5 whatever its name, as there). Unlike
+    AllenNLP, a blank line is a sentence without words, so that line i is always sentence i.
 
     **Input.** Line i (0-based, split on `\\n` only; `\\r\\n` and a leading BOM are accepted) is always
     sentence i. Raw text is split into words by the word tokenizer the model was trained with
@@ -394,7 +395,8 @@ def embed(
     inside its word, e.g. `ab\\udcffcd`). An input that is not UTF-8 text at all (a UTF-16 or UTF-32 byte-order
     mark, a NUL byte) fails in one line and writes nothing; `--encoding` reads another encoding (strictly).
 
-    **Output.** `.hdf5`/`.h5`: AllenNLP's `elmo` layout, one float32 dataset per sentence named by its line
+    **Output.** HDF5 for any name but `.npy` (`.hdf5`, `.h5`, or `.txt` as `allennlp elmo` scripts name it):
+    AllenNLP's `elmo` layout, one float32 dataset per sentence named by its line
     index, shape (layers, words, width) with `--layers all` else (words, width), plus `sentence_to_index`
     (a JSON string {stripped line: "index"}; a repeated line maps to its last index); with
     `--use-sentence-keys` each dataset is named by its stripped line (written once per distinct line) and there
@@ -453,17 +455,27 @@ def embed(
               if flag} | ({layers.value} if layers else set())
     if len(chosen) > 1:
         raise typer.BadParameter("choose one of them", param_hint="--layers/--all/--top/--average")
+    if (options_file is None) != (weight_file is None):
+        raise typer.BadParameter("give both (the original ELMo weights: options.json and the .hdf5 weights), or "
+                                 "neither", param_hint="--options-file/--weight-file")
+    if device is not None and cuda_device is not None:
+        raise typer.BadParameter("give one of them, not both", param_hint="--device/--cuda-device")
     _hf_elmo()
     import torch
 
     from hf_elmo import original_format
-    from hf_elmo.embed import ElmoEmbedder, EmbedSettings, check_output, embed_file
+    from hf_elmo.allennlp import cuda_device_to_device
+    from hf_elmo.embed import ElmoEmbedder, EmbedSettingError, EmbedSettings, check_output, embed_file
+    from hf_elmo.loading import load_original
     from hf_elmo.runtime import OutOfDeviceMemoryError, bound_onednn_caches, set_threads
 
     with _setting_errors():
         check_output(output_file, use_sentence_keys)
         if original_weights:
             original_format.require_h5py("--options-file/--weight-file")
+        # AllenNLP's flags in this package's terms (`hf_elmo.allennlp`): the layers above, the device here.
+        chosen_device = cuda_device_to_device(cuda_device) if cuda_device is not None else EmbedSettings.device_of(
+            device)
         settings = EmbedSettings(
             layers=chosen.pop() if chosen else "all",
             scalar_parameters=_parse_weights(weights) if weights is not None else None,
@@ -472,10 +484,8 @@ def embed(
             buffer_tokens=buffer_tokens,
             batch_size=batch_size,
             max_sentence_words=max_sentence_words,
-            device=EmbedSettings.device_of(device, cuda_device) or torch.device("cpu"),
+            device=chosen_device or torch.device("cpu"),
             bf16=bf16,
-            options_file=options_file,
-            weight_file=weight_file,
         )
         # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -487,7 +497,12 @@ def embed(
     set_threads(threads)
     bound_onednn_caches()
     try:
+        if original_weights:
+            model = load_original(options_file, weight_file)
+            settings.check_model(model.config)
         embedder = ElmoEmbedder(model, settings=settings)
+    except EmbedSettingError as error:
+        raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
     except (ValueError, ImportError) as error:  # ModelLoadError, OriginalFormatError, h5py missing
         _fail(str(error))
     output = dict(tokenized=original_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,

@@ -1,5 +1,6 @@
-"""AllenNLP's ELMo names, with AllenNLP's signatures and outputs, for code written against `allennlp.modules.elmo`
-and `allennlp.commands.elmo`:
+"""AllenNLP's ELMo names, with AllenNLP's signatures, defaults and outputs, for code written against
+`allennlp.modules.elmo` and `allennlp.commands.elmo`; the one place where AllenNLP's conventions are translated into
+this package's terms (the `elmo embed` flags `--options-file`, `--cuda-device`, `--all/--top/--average` included):
 
     from hf_elmo.allennlp import Elmo, ElmoEmbedder, batch_to_ids
 
@@ -10,28 +11,47 @@ and `allennlp.commands.elmo`:
 `options_file` and `weight_file` are the original files, or a published model's URLs (AllenNLP's
 `DEFAULT_OPTIONS_FILE` / `DEFAULT_WEIGHT_FILE` give the published `original`, downloaded and converted once), and
 AllenNLP's defaults are kept: `ElmoEmbedder()` here is the published `original`, where the project's own
-`hf_elmo.ElmoEmbedder()` is the English model shipped with the package.
+`hf_elmo.ElmoEmbedder()` is the English model shipped with the package. The differences from AllenNLP that stay, on
+purpose, are in docs/migrating.md: every sentence from the zero LSTM state; an empty sentence's width is the model's.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
 
 import torch
 
 from . import embed
+from .embed.files import embed_lines
+from .embed.settings import EmbedSettingError, EmbedSettings
+from .embed.writers import open_writer
 from .loading import load_original
 from .modeling_elmo import ElmoModel, ElmoWithScalarMixes
 from .published import ALLENNLP_ENDPOINTS, PUBLISHED_MODELS
+from .text import read_lines
 from .tokenization_elmo import ElmoCharTokenizer
 
 _ORIGINAL = PUBLISHED_MODELS["original"]
 # AllenNLP 2's defaults (`allennlp.commands.elmo`): the published `original` biLM.
 DEFAULT_OPTIONS_FILE = f"{ALLENNLP_ENDPOINTS[1]}/{_ORIGINAL.options_path}"
 DEFAULT_WEIGHT_FILE = f"{ALLENNLP_ENDPOINTS[1]}/{_ORIGINAL.weights_path}"
+DEFAULT_BATCH_SIZE = 64  # sentences per batch of `ElmoEmbedder.embed_sentences` / `embed_file`
 # AllenNLP's character ids: 50 per word.
 ALLENNLP_CHARACTERS_PER_TOKEN = 50
+# `output_format` of `ElmoEmbedder.embed_file` (AllenNLP's `--all/--top/--average`): the embedder's `layers`.
+OUTPUT_FORMATS = ("all", "top", "average")
+
+
+def cuda_device_to_device(cuda_device: int) -> torch.device:
+    """AllenNLP's `cuda_device` (-1: the CPU, n: `cuda:n`) as a device that exists here (an `EmbedSettingError`
+    naming `cuda_device` otherwise)."""
+    try:
+        return EmbedSettings.device_of("cpu" if cuda_device < 0 else f"cuda:{cuda_device}")
+    except EmbedSettingError as error:
+        raise EmbedSettingError("cuda_device", error.message) from None
 
 
 def batch_to_ids(batch: Sequence[Sequence[str]]) -> torch.Tensor:
@@ -46,8 +66,9 @@ def batch_to_ids(batch: Sequence[Sequence[str]]) -> torch.Tensor:
 
 class ElmoEmbedder(embed.ElmoEmbedder):
     """AllenNLP's `ElmoEmbedder(options_file, weight_file, cuda_device)` with AllenNLP's defaults: with no arguments,
-    the published `original` biLM (width 1024; by name: downloaded and converted once). The other arguments, and
-    every method, are `hf_elmo.ElmoEmbedder`'s, whose own default is the English model shipped with this package.
+    the published `original` biLM (width 1024; by name: downloaded and converted once). `embed_sentence`,
+    `embed_batch`, `embed_sentences`, `batch_to_embeddings` are `hf_elmo.embed.ElmoEmbedder`'s; `embed_file` is
+    AllenNLP's.
 
     Args (AllenNLP's):
         options_file, weight_file: the original `options.json` and `.hdf5` weights, or a published model's URLs.
@@ -59,9 +80,57 @@ class ElmoEmbedder(embed.ElmoEmbedder):
         options_file: str | os.PathLike = DEFAULT_OPTIONS_FILE,
         weight_file: str | os.PathLike = DEFAULT_WEIGHT_FILE,
         cuda_device: int = -1,
-        **kwargs,
     ):
-        super().__init__(options_file=options_file, weight_file=weight_file, cuda_device=cuda_device, **kwargs)
+        super().__init__(load_original(options_file, weight_file), device=cuda_device_to_device(cuda_device),
+                         batch_size=DEFAULT_BATCH_SIZE)
+
+    def embed_file(
+        self,
+        input_file: IO | str | os.PathLike,
+        output_file_path: str | os.PathLike,
+        output_format: str = "all",
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        forget_sentences: bool = False,
+        use_sentence_keys: bool = False,
+    ) -> None:
+        """AllenNLP's `embed_file`: every line of `input_file` (an open file, as AllenNLP takes it, or a path) is a
+        sentence of whitespace-separated words; the layers of `output_format` ("all", "top" or "average") of each go
+        to `output_file_path` as HDF5 in AllenNLP's `elmo` layout, whatever the file is called (`sentence_to_index`
+        unless `forget_sentences`; each dataset named by its line with `use_sentence_keys`). A blank line is refused,
+        as AllenNLP does (nothing written): `hf_elmo.embed.embed_file` keeps it, a sentence without words. An open
+        `input_file` is closed, as AllenNLP does."""
+        if output_format not in OUTPUT_FORMATS:
+            raise EmbedSettingError("output_format", f"must be one of {', '.join(OUTPUT_FORMATS)}, got "
+                                    f"{output_format!r}")
+        embedder = self.with_settings(layers=output_format, batch_size=batch_size)
+        name = getattr(input_file, "name", input_file)
+
+        def sentences():
+            for index, line in enumerate(read_lines(input_file)):
+                if not line.strip():
+                    raise ValueError(f"{name}: line {index + 1} is blank: AllenNLP's embed_file takes one sentence per "
+                                     "line, none empty (remove it, or keep it as a sentence without words with "
+                                     "hf_elmo.embed.embed_file or elmo embed)")
+                yield line
+
+        try:
+            with open_writer(Path(output_file_path), embedder.token_shape, not forget_sentences, use_sentence_keys,
+                             file_format="hdf5") as writer:
+                embed_lines(embedder, sentences(), writer, tokenized=True)
+        finally:
+            if hasattr(input_file, "close"):
+                input_file.close()
+
+
+class _ZeroState:
+    """AllenNLP's `_ElmoBiLm` and `ElmoLstm`, as far as code resetting their states reaches: there are none to reset."""
+
+    @property
+    def _elmo_lstm(self) -> _ZeroState:
+        return self
+
+    def reset_states(self, mask: torch.Tensor | None = None) -> None:
+        """Nothing to do: no state is carried from one batch to the next."""
 
 
 class Elmo(ElmoWithScalarMixes):
@@ -115,21 +184,37 @@ class Elmo(ElmoWithScalarMixes):
     def get_output_dim(self) -> int:
         return self.elmo.config.output_dim
 
+    @property
+    def _elmo_lstm(self) -> _ZeroState:
+        """What AllenNLP code reaches for to reset the carried LSTM states (`elmo._elmo_lstm._elmo_lstm.reset_states()`,
+        before every batch for vectors that do not depend on the batches before): here every sentence starts from the
+        zero state anyway, so that call runs and changes nothing."""
+        return _ZeroState()
+
     def forward(self, inputs: torch.Tensor, word_inputs: torch.Tensor | None = None) -> dict:
-        """(batch, words, chars) character ids of `batch_to_ids`, without boundary rows → AllenNLP's dict:
-        `elmo_representations`, a list of (batch, words, output_dim) (zeros at padding), and `mask` (batch, words)
-        bool (with `keep_sentence_boundaries`, words + 2 positions)."""
+        """(..., words, chars) character ids of `batch_to_ids` (any leading dimensions, e.g. (batch, sentences,
+        words, chars): each row a sentence), without boundary rows → AllenNLP's dict: `elmo_representations`, a list
+        of (..., words, output_dim) (zeros at padding), and `mask` (..., words) bool (with `keep_sentence_boundaries`,
+        words + 2 positions)."""
         if word_inputs is not None:
             raise ValueError("word_inputs need vocab_to_cache, which is not supported: give character ids only")
         chars = self.elmo.config.max_characters_per_token
-        if inputs.dim() != 3 or inputs.shape[-1] != chars:
-            raise ValueError(f"inputs must be (batch, words, {chars}) character ids (batch_to_ids), got shape "
+        if inputs.dim() < 3 or inputs.shape[-1] != chars:
+            raise ValueError(f"inputs must be (..., words, {chars}) character ids (batch_to_ids), got shape "
                              f"{tuple(inputs.shape)}")
+        leading = inputs.shape[:-2]
+        output = self._rows(inputs.reshape(-1, *inputs.shape[-2:]))
+        return {"elmo_representations": [representation.reshape(*leading, *representation.shape[1:])
+                                         for representation in output["elmo_representations"]],
+                "mask": output["mask"].reshape(*leading, output["mask"].shape[-1])}
+
+    def _rows(self, inputs: torch.Tensor) -> dict:
+        """`forward` of (rows, words, chars) ids."""
         words_mask = (inputs > 0).any(-1)
         lengths = words_mask.sum(1)
         positions = torch.arange(inputs.shape[1] + 2, device=inputs.device)
         attention_mask = positions < (lengths + 2).unsqueeze(1)
-        input_ids = torch.zeros((inputs.shape[0], inputs.shape[1] + 2, chars), dtype=torch.long, device=inputs.device)
+        input_ids = inputs.new_zeros((inputs.shape[0], inputs.shape[1] + 2, inputs.shape[2]), dtype=torch.long)
         input_ids[:, 1:-1] = inputs
         input_ids[:, 0] = self.boundary_ids[0]
         input_ids[torch.arange(inputs.shape[0], device=inputs.device), lengths + 1] = self.boundary_ids[1]
@@ -137,4 +222,5 @@ class Elmo(ElmoWithScalarMixes):
         return {"elmo_representations": list(output.representations), "mask": output.mask}
 
 
-__all__ = ["DEFAULT_OPTIONS_FILE", "DEFAULT_WEIGHT_FILE", "Elmo", "ElmoEmbedder", "batch_to_ids"]
+__all__ = ["DEFAULT_OPTIONS_FILE", "DEFAULT_WEIGHT_FILE", "Elmo", "ElmoEmbedder", "batch_to_ids",
+           "cuda_device_to_device"]

@@ -3,6 +3,9 @@ fixtures' expected outputs."""
 
 from __future__ import annotations
 
+import io
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from elmo_fixtures import ALLENNLP, require, sentences
 
 from hf_elmo import ElmoCharTokenizer
 from hf_elmo.allennlp import DEFAULT_OPTIONS_FILE, DEFAULT_WEIGHT_FILE, Elmo, ElmoEmbedder, batch_to_ids
+from hf_elmo.embed import EmbedSettingError
 from hf_elmo.published import published_name
 
 TOP = [-9e10, -9e10, 1.0]  # scalar_mix_parameters that select the top biLSTM layer
@@ -59,7 +63,7 @@ def test_elmo_keeps_boundaries_when_asked_and_equals_the_embedder(files, batch0)
     with torch.no_grad():
         output = kept(batch_to_ids(batch0))
     assert output["mask"].sum(1).tolist() == [len(words) + 2 for words in batch0]
-    average = ElmoEmbedder(*files, layers="average")
+    average = ElmoEmbedder(*files).with_settings(layers="average")
     for k, words in enumerate(batch0):
         np.testing.assert_allclose(output["elmo_representations"][0][k, 1 : len(words) + 1].numpy(),
                                    average.embed_sentence(words), atol=2e-6)
@@ -75,12 +79,77 @@ def test_elmo_learns_its_mixes_and_leaves_the_bilm_frozen(files, batch0):
     assert Elmo(*files, requires_grad=True).elmo.char_cnn.char_embedding.weight.requires_grad
 
 
-def test_elmo_embedder_takes_allennlp_positional_cuda_device(files, batch0):
+def test_elmo_embedder_takes_allennlp_positional_cuda_device(files, batch0, monkeypatch):
     positional = ElmoEmbedder(*files, -1)
     named = ElmoEmbedder(options_file=files[0], weight_file=files[1], cuda_device=-1)
     assert positional.device == torch.device("cpu") and positional.layers == "all"
     np.testing.assert_array_equal(positional.embed_sentence(batch0[0]), named.embed_sentence(batch0[0]))
     assert positional.embed_sentence(batch0[0]).shape == (3, len(batch0[0]), 32)  # AllenNLP's (layers, words, dim)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(EmbedSettingError, match="cuda_device: cuda:0 was asked for, but this torch sees no CUDA"):
+        ElmoEmbedder(*files, 0)
+
+
+def test_elmo_takes_any_leading_dimensions_and_restores_them_on_every_output(files):
+    """AllenNLP's (batch, sentences, words, 50) input (its `test_elmo_4D_input`): each sentence as its own row, the
+    outputs and the mask shaped back; the same vectors as the sentences in a 3-D batch."""
+    elmo = Elmo(*files, 2, dropout=0.0).eval()
+    groups = [[["The", "sentence", "."], ["ELMo", "helps", "disambiguate", "ELMo", "from", "Elmo", "."]],
+              [["1", "2"], ["1", "2", "3", "4", "5", "6", "7"]], [["1", "2", "3", "4", "50", "60", "70"], ["The"]]]
+    ids = torch.stack([batch_to_ids(group) for group in groups], dim=1)  # (2, 3, 7, 50)
+    kept = Elmo(*files, 1, dropout=0.0, keep_sentence_boundaries=True).eval()
+    with torch.no_grad():
+        four_d, with_boundaries = elmo(ids), kept(ids)
+        for k, group in enumerate(groups):
+            three_d = elmo(batch_to_ids(group))
+            for got, expected in zip(four_d["elmo_representations"], three_d["elmo_representations"], strict=True):
+                assert got.shape == (2, 3, 7, 32)
+                torch.testing.assert_close(got[:, k], expected, rtol=0, atol=1e-6)
+            assert torch.equal(four_d["mask"][:, k], three_d["mask"])
+        elmo._elmo_lstm._elmo_lstm.reset_states()  # AllenNLP code resetting the carried states runs: none carried
+        torch.testing.assert_close(elmo(ids)["elmo_representations"][1], four_d["elmo_representations"][1])
+    assert four_d["mask"].shape == (2, 3, 7) and four_d["mask"].dtype == torch.bool
+    assert four_d["mask"][1, 2].sum() == 1 and with_boundaries["mask"].shape == (2, 3, 9)
+    assert with_boundaries["elmo_representations"][0].shape == (2, 3, 9, 32)
+
+
+def test_embed_file_writes_hdf5_whatever_the_name_and_refuses_blank_lines_as_allennlp_does(files, tmp_path):
+    """AllenNLP's `embed_file(input_file, output_file_path, output_format, batch_size, forget_sentences,
+    use_sentence_keys)`: HDF5 in its `elmo` layout whatever the file is called (scripts name it `.txt`, `.emb`),
+    whitespace-split lines, the open file closed after; a blank line refused (nothing written), as AllenNLP does."""
+    embedder = ElmoEmbedder(*files)
+    lines = "the cat sat\na dog\nthe cat sat\n"
+    reference = ElmoEmbedder(*files)
+    for name in ("out.txt", "out.npy", "out"):
+        handle = io.StringIO(lines)
+        assert embedder.embed_file(handle, tmp_path / name, output_format="average", batch_size=1) is None
+        assert handle.closed
+        with h5py.File(tmp_path / name) as output:
+            assert sorted(output) == ["0", "1", "2", "sentence_to_index"]
+            assert json.loads(output["sentence_to_index"][0]) == {"the cat sat": "2", "a dog": "1"}
+            np.testing.assert_allclose(output["1"][()], reference.embed_sentence(["a", "dog"]).mean(0), atol=1e-6)
+    assert embedder.layers == "all"  # the call's output_format left the embedder as it was
+    source = tmp_path / "in.txt"
+    source.write_text(lines)
+    embedder.embed_file(str(source), tmp_path / "keys.emb", output_format="top", use_sentence_keys=True)
+    with h5py.File(tmp_path / "keys.emb") as output:
+        assert sorted(output) == ["a dog", "the cat sat"]  # a repeated line once, no sentence_to_index
+        np.testing.assert_allclose(output["a dog"][()], reference.embed_sentence(["a", "dog"])[-1], atol=1e-6)
+    embedder.embed_file(open(source), tmp_path / "forgot.hdf5", forget_sentences=True)
+    with h5py.File(tmp_path / "forgot.hdf5") as output:
+        assert sorted(output) == ["0", "1", "2"] and output["0"].shape == (3, 3, 32)
+    with pytest.raises(ValueError, match="blank.txt: line 2 is blank: AllenNLP's embed_file takes one sentence per "
+                                         "line, none empty"):
+        (tmp_path / "blank.txt").write_text("A\n  \nB\n")
+        embedder.embed_file(open(tmp_path / "blank.txt"), tmp_path / "blank.hdf5")
+    assert not (tmp_path / "blank.hdf5").exists()
+    with pytest.raises(EmbedSettingError, match="output_format: must be one of all, top, average, got 'mix'"):
+        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", output_format="mix")
+    with pytest.raises(EmbedSettingError, match="batch_size: must be an integer >= 1, got 0"):
+        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", batch_size=0)
+    with pytest.raises(ValueError, match="cannot name an HDF5 dataset"):
+        embedder.embed_file(io.StringIO("and/or\n"), tmp_path / "bad.hdf5", use_sentence_keys=True)
+    assert not (tmp_path / "bad.hdf5").exists() and not (tmp_path / "x.hdf5").exists()
 
 
 def test_allennlp_default_files_name_the_published_original():
@@ -96,7 +165,7 @@ def test_what_elmo_does_not_support_is_one_clear_error(files, batch0):
     with pytest.raises(ValueError, match="give options_file and weight_file"):
         Elmo(num_output_representations=1)
     elmo = Elmo(*files)
-    with pytest.raises(ValueError, match=r"inputs must be \(batch, words, 50\) character ids"):
+    with pytest.raises(ValueError, match=r"inputs must be \(\.\.\., words, 50\) character ids"):
         elmo(torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="word_inputs need vocab_to_cache"):
         elmo(batch_to_ids(batch0), torch.zeros(3, 2, dtype=torch.long))

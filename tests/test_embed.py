@@ -128,7 +128,7 @@ def write_lines(path: Path, data: bytes) -> Path:
 
 
 def test_embed_file_to_npy_keeps_one_sentence_per_line(tiny_model, tmp_path):
-    emoji_cjk_and_a_bad_byte = b"nul\x00 \xf0\x9f\x98\x80 \xe4\xb8\xad\xe6\x96\x87 \xff"
+    emoji_cjk_and_a_bad_byte = b"esc\x1b \xf0\x9f\x98\x80 \xe4\xb8\xad\xe6\x96\x87 \xff"
     lines = [b"Hello, world!", b"", b"   \t ", emoji_cjk_and_a_bad_byte, b"x" * 10_000, b"last one"]
     data = b"\n".join(lines)
     source = write_lines(tmp_path / "input.txt", data)
@@ -137,7 +137,7 @@ def test_embed_file_to_npy_keeps_one_sentence_per_line(tiny_model, tmp_path):
 
     vectors, offsets = np.load(tmp_path / "out.npy"), np.load(tmp_path / "out.offsets.npy")
     sentences = [split_words(line.decode("utf-8", "surrogateescape")) for line in lines]
-    assert sentences[3] == ["nul", "\x00", "😀", "中", "文", "\udcff"]
+    assert sentences[3] == ["esc", "\x1b", "😀", "中", "文", "\udcff"]
     assert offsets.dtype == np.int64
     assert offsets.tolist() == np.cumsum([0] + [len(words) for words in sentences]).tolist()  # empty lines repeat
     assert vectors.shape == (offsets[-1], 3, 16) and vectors.dtype == np.float32
@@ -182,8 +182,15 @@ def test_a_failure_leaves_no_output_behind(tiny_model, tmp_path):
                 for embedding in ElmoEmbedder(tiny_model).embed_sentences(sentences()):
                     writer.add(embedding, "fine")
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(ValueError, match="unknown format"):
-        open_writer(tmp_path / "out.txt", (16,))
+    # A .npy name is NumPy's, any other HDF5 (as `allennlp elmo` writes whatever the name), or the format given.
+    for name, file_format, writer in (("out.txt", None, "Hdf5Writer"), ("out", None, "Hdf5Writer"),
+                                      ("out.NPY", None, "NpyWriter"), ("out.npy", "hdf5", "Hdf5Writer")):
+        opened = open_writer(tmp_path / name, (16,), file_format=file_format)
+        assert type(opened).__name__ == writer
+        opened.discard()
+    with pytest.raises(ValueError, match="file_format: must be one of hdf5, npy, got 'csv'"):
+        open_writer(tmp_path / "out.csv", (16,), file_format="csv")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_at_most_a_bounded_number_of_sentences_is_buffered(tiny_model):
@@ -283,22 +290,6 @@ def test_embedder_loads_by_name_like_allennlps_default(tiny_model_dir, tiny_mode
         ElmoEmbedder(42)
 
 
-def test_embedder_takes_the_original_weights_as_allennlp_does(allennlp_model_dir):
-    options, weights = FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5"
-    converted = ElmoModel.from_pretrained(allennlp_model_dir).eval()
-    words = ["The", "bank", "of", "the", "river", "."]
-    for embedder in (ElmoEmbedder(str(options), str(weights)), ElmoEmbedder(options_file=options, weight_file=weights,
-                                                                              cuda_device=-1)):
-        assert embedder.device == torch.device("cpu")
-        np.testing.assert_allclose(embedder.embed_sentence(words), direct_layers(converted, words), atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="options_file/weight_file: give both"):
-        ElmoEmbedder(options_file=options)
-    with pytest.raises(ValueError, match="options_file/weight_file: give either a model or the original weights"):
-        ElmoEmbedder(converted, options_file=options, weight_file=weights)
-    with pytest.raises(ValueError, match="device/cuda_device: give one of them, not both"):
-        ElmoEmbedder(converted, device="cpu", cuda_device=-1)
-
-
 def test_batch_to_embeddings_gives_allennlps_padded_tensors_and_mask(tiny_model):
     embedder = ElmoEmbedder(tiny_model)
     batch = [["a", "b", "c"], [], ["d"]]
@@ -321,33 +312,6 @@ def test_batch_size_caps_the_sentences_per_batch_without_changing_vectors(tiny_m
     assert max(calls) <= 3 and sum(calls) == len(EDGE_SENTENCES)
     for words, embedding in zip(EDGE_SENTENCES, capped):
         np.testing.assert_allclose(embedding, direct_layers(tiny_model, words), atol=1e-5, rtol=0)
-
-
-def test_embed_file_method_with_allennlps_arguments(tiny_model, tmp_path):
-    embedder = ElmoEmbedder(tiny_model)
-    lines = "the cat sat\na dog\nthe cat sat\n"
-    count = embedder.embed_file(io.StringIO(lines), tmp_path / "keys.hdf5", output_format="average", batch_size=1,
-                                use_sentence_keys=True, progress=False)
-    assert count == 3
-    with h5py.File(tmp_path / "keys.hdf5") as output:
-        assert sorted(output) == ["a dog", "the cat sat"]  # a repeated line once; no sentence_to_index
-        np.testing.assert_allclose(output["a dog"][()], direct_layers(tiny_model, ["a", "dog"]).mean(0), atol=1e-6)
-    assert embedder.layers == "all"  # the call's output_format left the embedder as it was
-    source = write_lines(tmp_path / "in.txt", lines.encode())
-    with open(source) as handle:
-        embedder.embed_file(handle, tmp_path / "top.hdf5", output_format="top", forget_sentences=True, progress=False)
-    with h5py.File(tmp_path / "top.hdf5") as output:
-        assert sorted(output) == ["0", "1", "2"]
-        np.testing.assert_allclose(output["1"][()], direct_layers(tiny_model, ["a", "dog"])[-1], atol=1e-6)
-    with pytest.raises(ValueError, match="cannot name an HDF5 dataset"):
-        embedder.embed_file(io.StringIO("and/or\n"), tmp_path / "bad.hdf5", use_sentence_keys=True, progress=False)
-    assert not (tmp_path / "bad.hdf5").exists()
-    with pytest.raises(ValueError, match="layers: must be one of all, top, average, mix, got 'middle'"):
-        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", output_format="middle", progress=False)
-    with pytest.raises(ValueError, match="batch_size: must be an integer >= 1, got 0"):
-        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.hdf5", batch_size=0, progress=False)
-    with pytest.raises(ValueError, match="sentence keys name the datasets of an .hdf5 file"):
-        embedder.embed_file(io.StringIO("x\n"), tmp_path / "x.npy", use_sentence_keys=True, progress=False)
 
 
 # -- faults --------------------------------------------------------------------------------------------------
@@ -422,8 +386,8 @@ def test_embedding_in_parts_needs_a_file_and_a_valid_rank(tiny_model, tmp_path):
         embed_file_in_parts(embedder, "-", tmp_path / "out.npy", 0, 2, never_reached)
     with pytest.raises(ValueError, match="rank 2 of world size 2"):
         embed_file_in_parts(embedder, source, tmp_path / "out.npy", 2, 2, never_reached)
-    with pytest.raises(ValueError, match="unknown format '.txt'"):
-        embed_file_in_parts(embedder, source, tmp_path / "out.txt", 0, 2, never_reached)
+    with pytest.raises(ValueError, match="sentence keys name the datasets of an HDF5 file"):
+        embed_file_in_parts(embedder, source, tmp_path / "out.npy", 0, 2, never_reached, sentence_keys=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # nothing written
 
 
@@ -473,9 +437,9 @@ def test_embed_settings_are_checked_once_and_name_the_setting_at_fault(tiny_mode
         ElmoEmbedder(tiny_model, layers="mix", scalar_parameters=[1.0, 2.0])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(EmbedSettingError, match="cuda:0 was asked for, but this torch sees no CUDA device") as error:
-        ElmoEmbedder(tiny_model, cuda_device=0)
-    assert error.value.setting == "cuda_device"
-    assert EmbedSettings.device_of(None, -1) == torch.device("cpu") and EmbedSettings.device_of(None) is None
+        ElmoEmbedder(tiny_model, device="cuda:0")
+    assert error.value.setting == "device"
+    assert EmbedSettings.device_of("cpu") == torch.device("cpu") and EmbedSettings.device_of(None) is None
     settings = EmbedSettings(layers="mix", scalar_parameters=(0.0, 1.0, 0.0), gamma=2.0, batch_tokens=64)
     embedder = ElmoEmbedder(tiny_model, settings=settings)
     assert embedder.settings is settings and embedder.batch_tokens == 64 and embedder.layers == "mix"

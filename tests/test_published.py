@@ -23,6 +23,7 @@ from transformers import AutoModel
 
 import hf_elmo.published as published
 from hf_elmo import ModelLoadError, load_model, model_location
+from hf_elmo.allennlp import ElmoEmbedder as AllenNlpElmoEmbedder
 from hf_elmo.embed import ElmoEmbedder
 from hf_elmo.original_format import convert
 
@@ -194,10 +195,10 @@ def test_auto_model_through_model_location_and_allennlp_urls_and_cuda_device_giv
     auto = AutoModel.from_pretrained(model_location(NAME)).eval()
     torch.testing.assert_close(auto.state_dict(), load_model(str(converted)).state_dict(), rtol=0, atol=0)
     # AllenNLP's ElmoEmbedder(options_file, weight_file, cuda_device) with the published URLs
-    embedder = ElmoEmbedder(MODEL.url(MODEL.options_path), MODEL.url(MODEL.weights_path), -1)
+    embedder = AllenNlpElmoEmbedder(MODEL.url(MODEL.options_path), MODEL.url(MODEL.weights_path), -1)
     assert embedder.device == torch.device("cpu") and embedder.model.config.lstm_dim == 64
     with pytest.raises(ModelLoadError, match="not a published model's URLs"):
-        ElmoEmbedder(f"{server.url}/other_options.json", f"{server.url}/other_weights.hdf5")
+        AllenNlpElmoEmbedder(f"{server.url}/other_options.json", f"{server.url}/other_weights.hdf5")
 
 
 def test_spacy_configs_and_the_component_read_a_published_model_by_name(server, converted):

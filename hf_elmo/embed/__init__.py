@@ -1,9 +1,10 @@
 """Embed many sentences with an ELMo biLM: length-sorted batches, streaming input, output in input order.
 
 - `settings`: `EmbedSettings`, every setting of `ElmoEmbedder` / `elmo embed` checked once.
-- `embedder`: `ElmoEmbedder`, sentences (lists of words) to per-word vectors, AllenNLP's API included.
+- `embedder`: `ElmoEmbedder`, sentences (lists of words) to per-word vectors (AllenNLP's own: `hf_elmo.allennlp`).
 - `windows`: long sentences as windows, the input read ahead in bounded chunks.
-- `writers`: `.hdf5` (AllenNLP's `elmo` command layout) or streamed `.npy`, each file appearing once complete.
+- `writers`: HDF5 (AllenNLP's `elmo` command layout; any name but `.npy`) or streamed `.npy`, each file appearing
+  once complete.
 - `files`: `embed_file`, a text file (one sentence per line) through an embedder into a writer.
 - `processes`: `embed_file_in_parts`, one output shared by several processes.
 
@@ -16,11 +17,11 @@ from .embedder import ElmoEmbedder
 from .files import embed_file
 from .processes import embed_file_in_parts
 from .settings import LAYER_MODES, EmbedSettingError, EmbedSettings
-from .writers import OUTPUT_SUFFIXES, EmbeddingWriter, Hdf5Writer, NpyWriter, check_output, open_writer
+from .writers import FILE_FORMATS, EmbeddingWriter, Hdf5Writer, NpyWriter, check_output, open_writer
 
 __all__ = [
     "LAYER_MODES",
-    "OUTPUT_SUFFIXES",
+    "FILE_FORMATS",
     "ElmoEmbedder",
     "EmbedSettingError",
     "EmbedSettings",

@@ -1,4 +1,4 @@
-"""`ElmoEmbedder`: per-word ELMo vectors of many sentences, AllenNLP's `ElmoEmbedder` API included."""
+"""`ElmoEmbedder`: per-word ELMo vectors of many sentences (AllenNLP's names and defaults: `hf_elmo.allennlp`)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,17 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import IO
 
 import numpy as np
 import torch
 
 from ..kernels import ElmoInferenceCache
-from ..loading import DEFAULT_MODEL_NAME, load_model, load_original, load_tokenizer
+from ..loading import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from ..modeling_elmo import ElmoModel, ElmoScalarMix
 from ..runtime import halve_on_out_of_memory, inference_dtype, mixed_precision
 from ..text import ElmoBatch, length_batches
 from ..tokenization_elmo import ElmoCharTokenizer
-from .files import embed_file
-from .settings import EmbedSettingError, EmbedSettings
+from .settings import EmbedSettings
 from .windows import Window, chunks, sentence_index, sentence_windows
 
 
@@ -29,12 +26,10 @@ class ElmoEmbedder:
     Per-word ELMo vectors for many sentences, `<S>`/`</S>` removed. Every sentence starts from the zero LSTM state,
     so its vectors do not depend on the other sentences of its batch.
 
-    AllenNLP's `ElmoEmbedder` calls work unchanged: `ElmoEmbedder()` (here the English model shipped with the
-    package; AllenNLP's default is `ElmoEmbedder("original")`), `ElmoEmbedder(options_file, weight_file,
-    cuda_device)` (the original weights, converted in memory, or a published model's URLs),
-    `embed_sentence`, `embed_batch`, `embed_sentences(sentences, batch_size)`, `batch_to_embeddings` and
-    `embed_file(input_file, output_file_path, output_format, batch_size, forget_sentences, use_sentence_keys)`,
-    with AllenNLP's shapes (`layers="all"`: `(n_layers + 1, words, width)` per sentence).
+    `embed_sentence`, `embed_batch`, `embed_sentences` and `batch_to_embeddings` have the names and shapes of
+    AllenNLP's `ElmoEmbedder` (`layers="all"`: `(n_layers + 1, words, width)` per sentence); `embed_file(embedder,
+    ...)` of this package writes a file. AllenNLP's constructor (`options_file`, `weight_file`, `cuda_device`) and
+    `embed_file(input_file, output_file_path, output_format, ...)` are `hf_elmo.allennlp.ElmoEmbedder`'s.
 
     Args:
         model (`ElmoModel` or `str`, `"default"`): the biLM, or where to load it: `"default"` (the English model
@@ -56,17 +51,13 @@ class ElmoEmbedder:
         max_sentence_words (`int`, 1000): `embed_sentences` runs longer sentences as windows of this many words
             (each from the zero state; AllenNLP runs them whole) so that memory stays bounded.
         device (`str` or `torch.device`, optional): where to run the model; default: where it is.
-        options_file, weight_file (`str`, optional): the original `options.json` and `.hdf5` weights, instead of
-            `model` (as AllenNLP; also accepted as the first two positional arguments).
-        cuda_device (`int`, optional): AllenNLP's device argument: -1 for the CPU, n for `cuda:n`.
         bf16 (`bool`, False): run the biLM under bf16 autocast (outputs still float32; float16 on GPUs older than
             Ampere: `runtime.reduced_precision`): several times faster on CPUs with native bf16 (AVX512-BF16, AMX)
             and on GPUs, not exact (measured on the default model: see docs/performance.md). Never chosen on its
             own. On a CPU without native bf16, where it is several times slower, float32 (`self.bf16` False), with a
             `runtime.HostWarning`.
-        settings (`EmbedSettings`, optional): all of `layers` to `weight_file` (but `cuda_device`) at once, as
-            `elmo embed` gives them; the arguments are checked by making one (an `EmbedSettingError` names the one
-            at fault).
+        settings (`EmbedSettings`, optional): all of `layers` to `bf16` at once, as `elmo embed` gives them; the
+            arguments are checked by making one (an `EmbedSettingError` names the one at fault).
     """
 
     def __init__(
@@ -82,25 +73,15 @@ class ElmoEmbedder:
         batch_size: int | None = None,
         max_sentence_words: int = 1000,
         *,
-        options_file: str | os.PathLike | None = None,
-        weight_file: str | os.PathLike | None = None,
-        cuda_device: int | None = None,
         bf16: bool = False,
         settings: EmbedSettings | None = None,
     ):
-        if isinstance(model, (str, os.PathLike)) and str(model).endswith(".json") and isinstance(
-            tokenizer, (str, os.PathLike)
-        ):  # AllenNLP's positional ElmoEmbedder(options_file, weight_file[, cuda_device])
-            model, tokenizer, options_file, weight_file = DEFAULT_MODEL_NAME, None, model, tokenizer
-            if isinstance(layers, int) and not isinstance(layers, bool):
-                layers, cuda_device = "all", layers
         if settings is None:
             settings = EmbedSettings(
                 layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
-                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device, cuda_device), bf16,
-                options_file, weight_file,
+                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16,
             )
-        model, tokenizer = _model_and_tokenizer(model, tokenizer, settings)
+        model, tokenizer = _model_and_tokenizer(model, tokenizer)
         settings.check_model(model.config)
         self.model = model.eval() if settings.device is None else model.to(settings.device).eval()
         self.device = next(model.parameters()).device
@@ -128,11 +109,11 @@ class ElmoEmbedder:
         width = self.model.config.output_dim
         self.token_shape: tuple[int, ...] = (num_layers, width) if self.layers == "all" else (width,)
 
-    def _variant(self, layers: str | None = None, batch_size: int | None = None) -> ElmoEmbedder:
-        """This embedder (same model and cache) with other `layers` or `batch_size` (checked by `EmbedSettings`)."""
-        changes = {name: value for name, value in (("layers", layers), ("batch_size", batch_size)) if value is not None}
-        if layers is not None and layers != "mix":  # a mix's weights do not carry over to another output
-            changes.update(scalar_parameters=None, gamma=1.0)
+    def with_settings(self, **changes: object) -> ElmoEmbedder:
+        """This embedder (the same model and cache) with some of its `EmbedSettings` changed (checked as any); itself
+        when nothing changes. Another `layers` drops a mix's `scalar_parameters` and `gamma` unless given."""
+        if "layers" in changes and changes["layers"] != "mix":
+            changes = {"scalar_parameters": None, "gamma": 1.0, **changes}
         settings = dataclasses.replace(self.settings, **changes)
         if settings == self.settings:
             return self
@@ -218,37 +199,12 @@ class ElmoEmbedder:
             for j, window in enumerate(chunk):
                 yield window, embeddings.pop(j)
 
-    def embed_file(
-        self,
-        input_file: str | Path | IO,
-        output_file_path: str | Path,
-        output_format: str | None = None,
-        batch_size: int | None = None,
-        forget_sentences: bool = False,
-        use_sentence_keys: bool = False,
-        tokenized: bool = True,
-        progress: bool = True,
-    ) -> int:
-        """AllenNLP's `embed_file`: every line of `input_file` (a path, `"-"` or an open file) is a sentence of
-        whitespace-separated words (`tokenized=False`: raw text, split by the model's word tokenizer), written to
-        `output_file_path` (see `embed_file` of this module) with `output_format` "all", "top" or "average"
-        (default: the embedder's `layers`). Returns the number of sentences."""
-        return embed_file(
-            self._variant(output_format, batch_size), input_file, output_file_path, tokenized=tokenized,
-            progress=progress, sentence_index=not forget_sentences, sentence_keys=use_sentence_keys,
-        )
-
 
 def _model_and_tokenizer(
-    model: ElmoModel | str | os.PathLike, tokenizer: ElmoCharTokenizer | None, settings: EmbedSettings
+    model: ElmoModel | str | os.PathLike, tokenizer: ElmoCharTokenizer | None
 ) -> tuple[ElmoModel, ElmoCharTokenizer | None]:
-    """The biLM of `ElmoEmbedder`'s arguments (a model, where to load one, or the settings' original weights), and
-    the tokenizer of a loaded directory or Hub id."""
-    if settings.original_weights is not None:
-        if not (isinstance(model, str) and model == DEFAULT_MODEL_NAME):
-            raise EmbedSettingError("options_file/weight_file", "give either a model or the original weights, not "
-                                    "both")
-        return load_original(*settings.original_weights), tokenizer
+    """The biLM of `ElmoEmbedder`'s arguments (a model, or where to load one), and the tokenizer of a loaded directory
+    or Hub id."""
     if isinstance(model, (str, os.PathLike)):
         return load_model(model), tokenizer or load_tokenizer(model)
     if not isinstance(model, ElmoModel):

@@ -39,9 +39,11 @@ def embed_file(
     sentence_index: bool = True,
     sentence_keys: bool = False,
     encoding: str = "utf-8",
+    file_format: str | None = None,
 ) -> int:
     """Embed every line of `input_file` (a path, `"-"` for stdin, or an open binary or text file) as one sentence
-    into `output_file`; returns the line count. `sentence_index`, `sentence_keys`: see `Hdf5Writer`; `encoding`: the
+    into `output_file`, NumPy's `.npy` for such a name, else HDF5 (or `file_format`: `check_output`); returns the
+    line count. `sentence_index`, `sentence_keys`: see `Hdf5Writer`; `encoding`: the
     input's (`hf_elmo.text.read_lines`: in UTF-8 undecodable bytes are kept, a UTF-16/32 byte-order mark or a NUL
     byte is `NotTextError`, and nothing is written).
 
@@ -60,7 +62,8 @@ def embed_file(
             total=_regular_file_size(stream), unit="B", unit_scale=True, unit_divisor=1024, desc="embedding",
             file=sys.stderr, disable=not progress,
         ))
-        writer = stack.enter_context(open_writer(output_file, embedder.token_shape, sentence_index, sentence_keys))
+        writer = stack.enter_context(open_writer(output_file, embedder.token_shape, sentence_index, sentence_keys,
+                                                 file_format))
         progress_bar = _LineProgress(bar)
         embed_lines(embedder, read_lines(stream, progress_bar.sizes.append, encoding), writer, tokenized,
                      progress_bar.window, progress_bar.line)

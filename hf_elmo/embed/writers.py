@@ -1,5 +1,5 @@
-"""Where embeddings go: `.hdf5` in AllenNLP's `elmo` layout (`Hdf5Writer`) or a streamed `.npy` with offsets
-(`NpyWriter`); a file appears only once complete."""
+"""Where embeddings go: HDF5 in AllenNLP's `elmo` layout (`Hdf5Writer`: any name but `.npy`) or a streamed `.npy`
+with offsets (`NpyWriter`); a file appears only once complete."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from numpy.lib import format as npy_format
 from ..extras import require
 from .settings import EmbedSettingError
 
-OUTPUT_SUFFIXES = (".hdf5", ".h5", ".npy")
+# The output formats: a `.npy` name is NumPy's, any other HDF5 (`check_output`).
+FILE_FORMATS = ("hdf5", "npy")
 
 
 def partial_path(path: Path) -> Path:
@@ -256,26 +257,30 @@ class NpyWriter(EmbeddingWriter):
         self._offsets.discard()
 
 
-def check_output(path: str | Path, sentence_keys: bool = False) -> str:
-    """The format of an output file, `.npy` or `.hdf5` (`.h5`, as AllenNLP writes it), checked before any work: its
-    suffix, sentence keys only in HDF5, and h5py for HDF5 (an `EmbedSettingError` naming the setting)."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in OUTPUT_SUFFIXES:
-        raise EmbedSettingError("output", f"unknown format {suffix or '(no suffix)'!r} of {path}; use .hdf5, .h5 or "
-                                ".npy")
-    if suffix == ".npy":
+def check_output(path: str | Path, sentence_keys: bool = False, file_format: str | None = None) -> str:
+    """The format of an output file, checked before any work: `"npy"` for a `.npy` name, else `"hdf5"` (AllenNLP's
+    `elmo` layout, which `allennlp elmo` writes whatever the file is called), or the `file_format` given; sentence keys
+    only in HDF5, and h5py for HDF5 (an `EmbedSettingError` naming the setting)."""
+    if file_format not in (None, *FILE_FORMATS):
+        raise EmbedSettingError("file_format", f"must be one of {', '.join(FILE_FORMATS)}, got {file_format!r}")
+    file_format = file_format or ("npy" if Path(path).suffix.lower() == ".npy" else "hdf5")
+    if file_format == "npy":
         if sentence_keys:
-            raise EmbedSettingError("sentence_keys", f"sentence keys name the datasets of an .hdf5 file; {path} is "
+            raise EmbedSettingError("sentence_keys", f"sentence keys name the datasets of an HDF5 file; {path} is "
                                     ".npy")
-        return ".npy"
-    require("h5py", ".hdf5 outputs need")
-    return ".hdf5"
+        return "npy"
+    require("h5py", "HDF5 outputs need")
+    return "hdf5"
 
 
 def open_writer(
-    path: str | Path, token_shape: tuple[int, ...], sentence_index: bool = True, sentence_keys: bool = False
+    path: str | Path,
+    token_shape: tuple[int, ...],
+    sentence_index: bool = True,
+    sentence_keys: bool = False,
+    file_format: str | None = None,
 ) -> EmbeddingWriter:
-    """The writer for `path`'s suffix: `.hdf5`/`.h5` (`Hdf5Writer`) or `.npy` (`NpyWriter`, no sentence keys)."""
-    if check_output(path, sentence_keys) == ".npy":
+    """The writer of `check_output`'s format: `NpyWriter` (no sentence keys) or `Hdf5Writer`."""
+    if check_output(path, sentence_keys, file_format) == "npy":
         return NpyWriter(path, token_shape)
     return Hdf5Writer(path, sentence_index, sentence_keys)
