@@ -29,13 +29,13 @@ from bench_inference import random_sentences, run_allennlp  # benchmarks/ (the s
 from transformers.utils import logging as hf_logging
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel, kernels
-from hf_elmo.kernels import LstmWeights
+from hf_elmo.formulas import LstmWeights
 from hf_elmo.runtime import cpu_name
 
 
 def matmuls_only(weights: LstmWeights, gates: torch.Tensor, c: torch.Tensor, project: Callable) -> tuple:
-    """The kernels' LSTM cell (`kernels._cell`) without its element-wise operations: the projection matmul of the
-    first D gate columns."""
+    """The LSTM cell (`formulas.lstm_cell`, as the kernels call it) without its element-wise operations: the
+    projection matmul of the first D gate columns."""
     return project(gates[..., : c.shape[-1]]), c
 
 
@@ -72,7 +72,7 @@ def main() -> None:
         call = functools.partial(model, **single, inference_cache=ElmoInferenceCache(token_cache_size=0))
 
         def without_gate_math(call=call) -> None:
-            with mock.patch.object(kernels, "_cell", matmuls_only):
+            with mock.patch.object(kernels, "lstm_cell", matmuls_only):
                 call()
 
         with torch.inference_mode():

@@ -20,7 +20,8 @@ import torch
 from bench_training import best_seconds, matmul_flops_per_second  # benchmarks/ (the script's directory)
 
 from hf_elmo import ElmoConfig, ElmoInferenceCache, ElmoKernelOptions
-from hf_elmo.kernels import _cell, both_directions, packed_lstm_weights
+from hf_elmo.formulas import lstm_cell
+from hf_elmo.kernels import ElmoKernels, both_directions
 from hf_elmo.modeling_elmo import ElmoLstmLayer
 from hf_elmo.runtime import cpu_name
 
@@ -41,20 +42,21 @@ def step_timings(layer: ElmoLstmLayer, rows: int, bf16: bool, options: ElmoKerne
     step_input = list(torch.randn(2, rows, 4 * cell).to(dtype))
     weights = layer.weights()
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        _, packed_recurrent, packed_projection = packed_lstm_weights(
-            (layer.input_weight, layer.recurrent_weight, layer.projection_weight), h[:, :, None], options,
-            ElmoInferenceCache(token_cache_size=0)) or (None, None, None)
+        # The forms the step loop reads the weights in (packed, transposed), made as a forward's plan makes them.
+        kernels = ElmoKernels(options, h, [], ElmoInferenceCache(token_cache_size=0), list(layer.parameters()))
+        plan = kernels.plan
+        _, packed_recurrent, packed_projection = kernels.step_forms(weights, rows)
 
         def project(cells: torch.Tensor) -> torch.Tensor:
-            return both_directions(cells, layer.projection_weight, packed_projection, options)
+            return both_directions(cells, layer.projection_weight, packed_projection, plan)
 
         def step() -> None:
-            gates = both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)
-            _cell(weights, gates, c, project)
+            gates = both_directions(h, layer.recurrent_weight, packed_recurrent, plan, add=step_input)
+            lstm_cell(weights, gates, c, project)
 
         def matmuls() -> None:
-            both_directions(h, layer.recurrent_weight, packed_recurrent, options, add=step_input)
-            both_directions(c, layer.projection_weight, packed_projection, options)
+            both_directions(h, layer.recurrent_weight, packed_recurrent, plan, add=step_input)
+            both_directions(c, layer.projection_weight, packed_projection, plan)
 
         calls = max(10, 2000 // rows)
         return best_seconds(step, repeats, calls), best_seconds(matmuls, repeats, calls)

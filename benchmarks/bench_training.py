@@ -27,7 +27,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoKernelOptions
-from hf_elmo.kernels import linear
+from hf_elmo.kernels import KernelPlan, linear
 from hf_elmo.runtime import cpu_name, native_bf16_cpu
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary, encode_batch, group_by_length, split_line
 
@@ -52,7 +52,7 @@ def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> dict[str, flo
     a, b = torch.randn(size, size), torch.randn(size, size)
     a16, b16 = a.bfloat16(), b.bfloat16()
     with torch.inference_mode():
-        onednn = ElmoKernelOptions(onednn=True)  # whatever the float32 default of this CPU
+        onednn = KernelPlan.make(ElmoKernelOptions(onednn=True), a, [a, b])  # whatever the float32 default here
         paths = {"mkl": lambda: torch.mm(a, b), "onednn": lambda: linear(a, b, None, onednn),
                  "bf16": lambda: torch.mm(a16, b16)}
         rates = {}

@@ -188,17 +188,16 @@ def convert(
                                  param_hint="SOURCE... OUT_DIR")
     *sources, out_dir = arguments
     _hf_elmo()
-    from hf_elmo import efml_format, hub, original_format
+    from hf_elmo import hub
+    from hf_elmo.formats import FormatError
+    from hf_elmo.loading import format_of
 
-    if len(sources) == 1 and not efml_format.is_efml_model(sources[0]):
-        found = "does not exist" if not sources[0].exists() else "is not an ELMoForManyLangs model directory or .zip"
-        raise typer.BadParameter(f"{sources[0]} {found} ({', '.join(efml_format.MODEL_FILES)}); original bilm-tf / "
-                                 "AllenNLP weights are two files: OPTIONS_JSON WEIGHTS_HDF5", param_hint="SOURCE")
     try:
-        if len(sources) == 1:
-            output = efml_format.convert_efml(sources[0], out_dir, repo_id=push_to_hub)
-        else:
-            output = original_format.convert(*sources, out_dir, progress=True, repo_id=push_to_hub)
+        weight_format = format_of(sources)
+    except FormatError as error:
+        raise typer.BadParameter(str(error), param_hint="SOURCE") from None
+    try:
+        output = weight_format.convert(sources, out_dir, repo_id=push_to_hub, progress=True)
     except (OSError, ValueError, ImportError) as error:
         _fail(str(error))
     typer.echo(output)

@@ -11,7 +11,7 @@ from transformers import (
 
 from .configuration_elmo import PRESETS, ElmoConfig, ElmoKernelOptions
 from .embed import ElmoEmbedder, EmbedSettings, embed_file
-from .kernels import ElmoInferenceCache
+from .inference_cache import ElmoInferenceCache
 from .loading import (
     DEFAULT_MODEL,
     DEFAULT_MODEL_NAME,

@@ -1,7 +1,7 @@
 """The format of ELMoForManyLangs' models (HIT-SCIR; 44 languages, each trained on 20 million words of the CoNLL 2018
 shared task's raw text): a model directory (or the .zip the NLPL repository serves) read into an `ElmoModel` and its
-tokenizer, exactly (`load_efml`), or converted into a `save_pretrained` directory (`convert_efml`). Its `Embedder`
-API is `hf_elmo.efml`.
+tokenizer, exactly (`load_efml`; `FORMAT`, this format's `formats.WeightFormat`, converts it into a
+`save_pretrained` directory). Its `Embedder` API is `hf_elmo.efml`.
 
 A model directory holds `config.json` (naming a configuration, `cnn_50_100_512_4096_sample.json` for every published
 model, which is often missing from the directory: its values are known here), `char.dic` and `word.dic` (the
@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from .configuration_elmo import ElmoConfig
+from .formats import FormatError, Sources, WeightFormat
 from .modeling_elmo import ElmoModel
-from .original_format import OriginalFormatError
 from .tokenization_elmo import ElmoCharTokenizer
 
 # The configurations shipped in the `elmoformanylangs` package (MIT licence), which the published models name in their
@@ -93,15 +93,15 @@ def read_efml(path: str | os.PathLike) -> EfmlModel:
     members, not extracted)."""
     path = Path(path)
     if not path.exists():
-        raise OriginalFormatError(f"{path}: no such file or directory")
+        raise FormatError(f"{path}: no such file or directory")
     if path.is_dir():
         return _read_model(lambda name: path / name, path)
     if not zipfile.is_zipfile(path):
-        raise OriginalFormatError(f"{path}: neither a model directory nor a .zip of one")
+        raise FormatError(f"{path}: neither a model directory nor a .zip of one")
     with zipfile.ZipFile(path) as archive, tempfile.TemporaryDirectory() as folder:
         inside = _model_folder(archive.namelist())
         if inside is None:
-            raise OriginalFormatError(f"{path}: the archive holds no ELMoForManyLangs model ({', '.join(MODEL_FILES)})")
+            raise FormatError(f"{path}: the archive holds no ELMoForManyLangs model ({', '.join(MODEL_FILES)})")
         for member in archive.namelist():  # the model folder's own files (a name, never a path out of the folder)
             name = member[len(inside):]
             if member.startswith(inside) and name and "/" not in name and name not in (".", ".."):
@@ -113,19 +113,19 @@ def read_efml(path: str | os.PathLike) -> EfmlModel:
 def _read_model(file: Any, source: Path) -> EfmlModel:
     for name in MODEL_FILES:
         if not file(name).is_file():
-            raise OriginalFormatError(f"{source}: {name} is missing; an ELMoForManyLangs model has "
+            raise FormatError(f"{source}: {name} is missing; an ELMoForManyLangs model has "
                                       f"{', '.join(MODEL_FILES)} and word.dic")
     config = _config(file, source)
     embedder = config.get("token_embedder", {})
     if (embedder.get("name", "").lower(), config.get("encoder", {}).get("name", "").lower()) != ("cnn", "elmo"):
-        raise OriginalFormatError(f"{source}: only ELMoForManyLangs' char-CNN ELMo models convert (token_embedder "
+        raise FormatError(f"{source}: only ELMoForManyLangs' char-CNN ELMo models convert (token_embedder "
                                   f"'cnn', encoder 'elmo'), not {embedder.get('name')!r} / "
                                   f"{config.get('encoder', {}).get('name')!r}")
     if not embedder.get("char_dim"):
-        raise OriginalFormatError(f"{source}: the model has no characters (char_dim 0): only word embeddings")
+        raise FormatError(f"{source}: the model has no characters (char_dim 0): only word embeddings")
     words = embedder.get("word_dim", 0) > 0
     if words and not file("word.dic").is_file():
-        raise OriginalFormatError(f"{source}: word.dic is missing (the model has a word embedding)")
+        raise FormatError(f"{source}: word.dic is missing (the model has a word embedding)")
     return EfmlModel(
         config=config,
         char_lexicon=read_dic(file("char.dic")),
@@ -142,16 +142,16 @@ def _config(file: Any, source: Path) -> dict:
         settings = json.loads(file("config.json").read_text(encoding="utf-8"))
         config_path = str(settings["config_path"])
     except (ValueError, KeyError, TypeError) as error:
-        raise OriginalFormatError(f"{source}: config.json is not an ELMoForManyLangs model's ({error})") from None
+        raise FormatError(f"{source}: config.json is not an ELMoForManyLangs model's ({error})") from None
     name = Path(config_path).name
     if file(name).is_file():
         try:
             return json.loads(file(name).read_text(encoding="utf-8"))
         except ValueError as error:
-            raise OriginalFormatError(f"{source}: {name} is not valid JSON ({error})") from None
+            raise FormatError(f"{source}: {name} is not valid JSON ({error})") from None
     if name in KNOWN_CONFIGS:
         return KNOWN_CONFIGS[name]
-    raise OriginalFormatError(f"{source}: its configuration {config_path} is neither in the model's directory nor one "
+    raise FormatError(f"{source}: its configuration {config_path} is neither in the model's directory nor one "
                               f"of ELMoForManyLangs' ({', '.join(KNOWN_CONFIGS)}): put it beside config.json")
 
 
@@ -168,7 +168,7 @@ def read_dic(path: Path) -> dict[str, int]:
                 entry, entry_id = fields
                 entries[entry] = int(entry_id)
             except ValueError:
-                raise OriginalFormatError(f"{path}:{number}: expected an entry and its id separated by a tab, got "
+                raise FormatError(f"{path}:{number}: expected an entry and its id separated by a tab, got "
                                           f"{line.strip()!r:.60}") from None
     return entries
 
@@ -180,13 +180,13 @@ def _load_state(path: Path, source: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         reason = str(error).split("\n", 1)[0]
-        raise OriginalFormatError(f"{source}: {path.name} holds more than tensors and is not loaded (nothing in it is "
+        raise FormatError(f"{source}: {path.name} holds more than tensors and is not loaded (nothing in it is "
                                   f"run): {reason}") from None
     except Exception as error:  # torch's loader fails in many ways (struct, zip, EOF...): each is one line here
-        raise OriginalFormatError(f"{source}: {path.name} is not a readable PyTorch file "
+        raise FormatError(f"{source}: {path.name} is not a readable PyTorch file "
                                   f"({type(error).__name__}: {error})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise OriginalFormatError(f"{source}: {path.name} is not a state dict of tensors")
+        raise FormatError(f"{source}: {path.name} is not a state dict of tensors")
     return state
 
 
@@ -273,7 +273,7 @@ def load_efml(
         model.load_state_dict(state_dict(model_files, config), strict=True)
     except (KeyError, RuntimeError) as error:
         reason = str(error).split("\n")[:3]
-        raise OriginalFormatError(f"{path}: the weights do not match the configuration: {' '.join(reason)}") from None
+        raise FormatError(f"{path}: the weights do not match the configuration: {' '.join(reason)}") from None
     tokenizer = ElmoCharTokenizer.with_lexicons(
         model_files.char_lexicon, model_files.word_lexicon, max_characters_per_token=config.max_characters_per_token,
         word_tokenizer=word_tokenizer or "whitespace")
@@ -281,21 +281,25 @@ def load_efml(
     return model.eval(), tokenizer
 
 
-def convert_efml(
-    path: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    source: str | None = None,
-    repo_id: str | None = None,
-    word_tokenizer: str | None = None,
-) -> Path:
-    """Write the `save_pretrained` directory (config, weights, tokenizer with its lexicons, model card) of an
-    ELMoForManyLangs model directory or .zip; raw text is split by `word_tokenizer` (as in `load_efml`)."""
-    from .cards import write_model_card
+class EfmlFormat(WeightFormat):
+    """ELMoForManyLangs' format: one model directory, or the .zip the NLPL repository serves."""
 
-    model, tokenizer = load_efml(path, word_tokenizer)
-    output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    source = source or f"Converted from the ELMoForManyLangs model `{Path(path).name}`."
-    write_model_card(output_dir, model, source=source, **({"repo_id": repo_id} if repo_id else {}))
-    return output_dir
+    name = "ELMoForManyLangs"
+    usage = "MODEL_DIR_OR_ZIP"
+
+    def detect(self, sources: Sources) -> bool:
+        return len(sources) == 1 and is_efml_model(sources[0])
+
+    def load(
+        self, sources: Sources, word_tokenizer: str | None = None, progress: bool = False
+    ) -> tuple[ElmoModel, ElmoCharTokenizer]:
+        if len(sources) != 1:
+            raise FormatError(f"an ELMoForManyLangs model is one directory or .zip ({', '.join(MODEL_FILES)}); got "
+                              f"{len(sources)} paths")
+        return load_efml(sources[0], word_tokenizer)
+
+    def describe(self, sources: Sources) -> str:
+        return f"Converted from the ELMoForManyLangs model `{Path(sources[0]).name}`."
+
+
+FORMAT = EfmlFormat()

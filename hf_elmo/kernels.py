@@ -1,30 +1,28 @@
 """The fast forms of the biLM's arithmetic on each device (`ElmoConfig.implementation = "kernels"`, the default).
 
-`modeling_elmo.py` says what the biLM computes: each block's `forward` is the paper's computation written plainly.
-When the config asks for the kernels, `ElmoModel.forward` makes one `ElmoKernels` per call from the config's
-`ElmoKernelOptions`, the inputs and the caller's `ElmoInferenceCache`, and hands it each block's weights as a record
-(`CharCnnWeights`, `LstmWeights`): the kernels never reach into a module, and nothing here imports the model.
+`modeling_elmo.py` says what the biLM computes, with the formulas of `formulas.py` and `F.linear`. When the config
+asks for the kernels, `ElmoModel.forward` makes one `ElmoKernels` per call: its `KernelPlan` decides once what the
+call's matmuls and recurrences do (the device, autocast's dtype, whether the weights are read in packed, transposed or
+cast forms, oneDNN or MKL, cuDNN or the step loop), and every step runs the same formulas through the plan's matmuls.
+The kernels read each block's weights as a record (`CharCnnWeights`, `LstmWeights`) and never reach into a module.
 
 - `ElmoKernels.token_representations`: the char CNN over each distinct word of the batch once (or from the cache),
-  the words grouped by length so that short words do not pay for long ones; its matmuls through `linear`.
-- `ElmoKernels.lstm`: one biLSTM layer through one of two recurrences, chosen once per call: the step loop over the
-  rows still active (`both_directions` per step, its weights packed for oneDNN or transposed), or `nn.LSTM` (cuDNN
-  on a GPU, its weights kept in cuDNN's flat layout by the cache). Each sorts the rows as it needs them.
-- `linear`: float32 matmuls on CPU through oneDNN where this torch build has its linear ops, else `F.linear`; in the
-  opt-in bf16 mode (inference under CPU bf16 autocast) with weights packed in bf16 once.
+  the words grouped by length so that short words do not pay for long ones.
+- `ElmoKernels.lstm`: one biLSTM layer through the plan's recurrence: the step loop over the rows still active (both
+  directions per step, its weights packed for oneDNN or transposed), or `nn.LSTM` (cuDNN on a GPU, its weights kept
+  in cuDNN's flat layout by the cache). Each sorts the rows as it needs them.
+- `linear`: a matmul as the plan says: oneDNN (a packed weight, or float32 without gradient where this torch build has
+  it), else `F.linear`.
 
-`ElmoInferenceCache` holds what inference may keep between calls (token representations of frequent words, packed,
-transposed and flat copies of the weights), explicit and thread-safe. None of this changes the function computed
-beyond float32 rounding, except the fused LSTM on a model that clips (opt-in: `fused_lstm="always"`) and the bf16
-mode (opt-in: the caller's `torch.autocast`). Why each default: docs/performance.md.
+What inference keeps between calls is the caller's `ElmoInferenceCache` (`inference_cache.py`). None of this changes
+the function computed beyond float32 rounding, except the fused LSTM on a model that clips (opt-in:
+`fused_lstm="always"`) and the bf16 mode (opt-in: the caller's `torch.autocast`). Why each default:
+docs/performance.md.
 """
 
 from __future__ import annotations
 
-import threading
 import warnings
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,84 +31,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .configuration_elmo import ElmoKernelOptions, integer_problem
-from .runtime import bf16_weight_packing, intel_cpu, native_bf16_cpu, onednn_available, warn
-
-# (h, c) of one layer: h (2, batch, P), c (2, batch, D); direction 0 is the forward LM, 1 the backward LM.
-LayerState = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class CharCnnWeights:
-    """What the kernels read of the char CNN (`ElmoCharCNN.weights()`): the parameters themselves, never copies.
-
-    char_embedding (n_characters, char_dim), its row `padding_idx` all zeros; word_embedding (word_vocab_size,
-    word_dim) or None (no word embedding); filters: per bank the Conv1d weight (n_filters, char_dim, width) and bias
-    (n_filters,); highway: per layer the (2F, F) weight (transform, then gate) and (2F,) bias; projection: (P,
-    word_dim + F) weight and (P,) bias, None without a projection (`ElmoConfig.projects_tokens`); `padding_char_id`
-    fills a word's row after its end-of-word character.
-    """
-
-    char_embedding: torch.Tensor
-    padding_idx: int
-    word_embedding: torch.Tensor | None
-    filters: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    activation: str
-    highway: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    projection: tuple[torch.Tensor, torch.Tensor] | None
-    padding_char_id: int
-
-    @property
-    def n_filters(self) -> int:
-        return sum(weight.shape[0] for weight, _ in self.filters)
-
-    @property
-    def output_dim(self) -> int:
-        """Width of a token representation: the projection's, else the word embedding's and the filters'."""
-        if self.projection is not None:
-            return self.projection[0].shape[0]
-        return self.n_filters + (0 if self.word_embedding is None else self.word_embedding.shape[1])
-
-    @property
-    def widest_filter(self) -> int:
-        return max(weight.shape[2] for weight, _ in self.filters)
-
-    def parameters(self) -> list[torch.Tensor]:
-        """Every tensor the token representations depend on."""
-        pairs = [*self.filters, *self.highway, *([self.projection] if self.projection is not None else [])]
-        words = [] if self.word_embedding is None else [self.word_embedding]
-        return [self.char_embedding, *words, *(tensor for pair in pairs for tensor in pair)]
-
-
-@dataclass(frozen=True)
-class LstmWeights:
-    """What the kernels read of one biLSTM layer (`ElmoLstmLayer.weights()`), both directions stacked on a leading
-    axis, gate blocks in TensorFlow's order (input, candidate, forget, output): input_weight (2, 4D, K),
-    recurrent_weight (2, 4D, P), bias (2, 4D) as stored (`forget_bias` is added to the forget gate at run time),
-    projection_weight (2, P, D) or None (no projection when P == D); the clips, None where the layer does not clip."""
-
-    input_weight: torch.Tensor
-    recurrent_weight: torch.Tensor
-    bias: torch.Tensor
-    projection_weight: torch.Tensor | None
-    cell_clip: float | None
-    proj_clip: float | None
-    forget_bias: float
-
-    @property
-    def clipped(self) -> bool:
-        return self.cell_clip is not None or self.proj_clip is not None
-
-    def parameters(self) -> list[torch.Tensor]:
-        """Every weight of the layer."""
-        return [w for w in (self.input_weight, self.recurrent_weight, self.bias, self.projection_weight)
-                if w is not None]
-
-    def bias_with_forget_bias(self) -> torch.Tensor:
-        """(2, 4D) bias with `forget_bias` added to the forget gate (gates i, j, f, o)."""
-        cell = self.bias.shape[1] // 4
-        return torch.cat([self.bias[:, : 2 * cell], self.bias[:, 2 * cell : 3 * cell] + self.forget_bias,
-                          self.bias[:, 3 * cell :]], dim=1)
+from .configuration_elmo import ElmoKernelOptions
+from .formulas import (
+    CharCnnWeights,
+    LayerState,
+    LstmWeights,
+    convolve_pool_activate,
+    highway,
+    lstm_cell,
+    project_tokens,
+)
+from .inference_cache import ElmoInferenceCache
+from .runtime import bf16_weight_packing, host_index, intel_cpu, native_bf16_cpu, onednn_available, warn
 
 
 def uses_onednn(options: ElmoKernelOptions) -> bool:
@@ -118,85 +50,82 @@ def uses_onednn(options: ElmoKernelOptions) -> bool:
     return not intel_cpu() if options.onednn == "auto" else options.onednn
 
 
-def recurrence_for(options: ElmoKernelOptions, device: torch.device, clipped: bool) -> str:
-    """The LSTM loop the kernels take on `device` for a biLSTM that clips (`clipped`) or not: `"fused"` (`nn.LSTM`,
-    cuDNN on a GPU) or `"steps"` (the step loop over the active rows)."""
+def recurrence_for(options: ElmoKernelOptions, device: torch.device, weights: LstmWeights) -> str:
+    """The LSTM loop of a layer on `device`: `"fused"` (`nn.LSTM`, cuDNN on a GPU) or `"steps"` (the step loop over
+    the active rows). By default fused on a GPU where it computes the layer exactly (`LstmWeights.fused_exact`)."""
     if options.fused_lstm == "auto":
-        return "fused" if device.type == "cuda" and not clipped else "steps"
+        return "fused" if device.type == "cuda" and weights.fused_exact else "steps"
     return "fused" if options.fused_lstm == "always" else "steps"
 
 
-def uses_distinct_words(options: ElmoKernelOptions, device: torch.device) -> bool:
-    """Whether the char CNN runs on each distinct word once on `device` (else on every position)."""
-    return device.type != "cuda" if options.distinct_words == "auto" else options.distinct_words
+@dataclass(frozen=True)
+class KernelPlan:
+    """What one forward decides once, from the config's `options`, its inputs, the gradient and the autocast in force;
+    every matmul and recurrence of the call reads it.
 
+    inference: no gradient flows to the weights (nor to a given state): the cache may be read and filled, and the
+        weights read in packed, transposed or cast forms. compute_dtype: the dtype inference matmuls compute in under
+        autocast (a GPU's, or the CPU's bf16 mode); None: the weights'. onednn: CPU float32 inference matmuls through
+        oneDNN. bf16_packs: CPU bf16 inference with weights packed in bf16 for oneDNN once (where it can pack them).
+        cpu_float32: CPU float32 inference (where one-row steps may take the batched MKL matmul). every_position: the
+        char CNN on every position, all its character slots (a GPU's shapes), rather than on each distinct word once.
+    """
 
-def uses_batched_step(options: ElmoKernelOptions, rows: int, weight: torch.Tensor) -> bool:
-    """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both directions
-    rather than oneDNN: a single row and at most `single_row_bmm_max_weight` elements per direction."""
-    return rows == 1 and weight.shape[1] * weight.shape[2] <= options.single_row_bmm_max_weight  # no tensor op
+    options: ElmoKernelOptions
+    device: torch.device
+    inference: bool
+    compute_dtype: torch.dtype | None
+    onednn: bool
+    bf16_packs: bool
+    cpu_float32: bool
+    every_position: bool
 
+    @classmethod
+    def make(cls, options: ElmoKernelOptions, input_ids: torch.Tensor, tensors: Sequence[torch.Tensor]) -> KernelPlan:
+        """The plan of a forward of `input_ids` whose weights and given state are `tensors`."""
+        device = input_ids.device
+        inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        autocast = torch.is_autocast_enabled(device.type)
+        compute_dtype = None
+        if inference and autocast and device.type == "cuda":
+            compute_dtype = torch.get_autocast_dtype("cuda")
+        elif inference and autocast and device.type == "cpu" and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            compute_dtype = torch.bfloat16
+        cpu_float32 = (inference and not autocast and device.type == "cpu"
+                       and all(t.dtype == torch.float32 for t in tensors if t.is_floating_point()))
+        return cls(
+            options=options, device=device, inference=inference, compute_dtype=compute_dtype,
+            onednn=cpu_float32 and onednn_available() and uses_onednn(options),
+            bf16_packs=device.type == "cpu" and compute_dtype == torch.bfloat16 and bf16_weight_packing(),
+            cpu_float32=cpu_float32,
+            every_position=device.type == "cuda" if options.distinct_words == "auto" else not options.distinct_words,
+        )
 
-def onednn_usable(x: torch.Tensor, weight: torch.Tensor, options: ElmoKernelOptions) -> bool:
-    """Whether `linear(x, weight)` runs through oneDNN: eager CPU float32 without gradient or autocast."""
-    return (
-        _eager_cpu_inference(x, weight)
-        and uses_onednn(options)
-        and x.dtype == weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-    )
+    def recurrence(self, weights: LstmWeights) -> str:
+        """The LSTM loop of a layer (`recurrence_for`)."""
+        return recurrence_for(self.options, self.device, weights)
 
-
-def bf16_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight` belongs to the opt-in CPU bf16 mode: eager CPU inference without gradient under
-    `torch.autocast("cpu", dtype=torch.bfloat16)`. There the LSTM step weights are packed for oneDNN in bf16 once
-    (`packed_lstm_weights`) rather than cast by autocast at every step."""
-    return (
-        _eager_cpu_inference(x, weight)
-        and torch.is_autocast_enabled("cpu")
-        and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    )
-
-
-def cuda_autocast_inference(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
-    """The autocast dtype when `x @ weight` runs on a GPU under autocast without gradient (the weights are then cast
-    once and kept by the cache, rather than cast by autocast at every call and step), else None."""
-    if (x.device.type != "cuda" or not torch.is_autocast_enabled("cuda")
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-        return None
-    return torch.get_autocast_dtype("cuda")
-
-
-def _inference_autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype autocast computes `x`'s matmuls in, for inference under a GPU's autocast or the CPU's bf16 mode;
-    None otherwise."""
-    cast = cuda_autocast_inference(x, x)
-    return torch.bfloat16 if cast is None and bf16_autocast_inference(x, x) else cast
-
-
-def _eager_cpu_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """This torch build has oneDNN's linear ops, CPU, no gradient needed."""
-    return (
-        onednn_available()
-        and x.device.type == "cpu"
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-    )
+    def batched_step(self, rows: int, weight: torch.Tensor) -> bool:
+        """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both
+        directions rather than oneDNN: a single row and at most `single_row_bmm_max_weight` elements per direction
+        (oneDNN's fixed cost per call would dominate)."""
+        return rows == 1 and weight.shape[1] * weight.shape[2] <= self.options.single_row_bmm_max_weight
 
 
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    options: ElmoKernelOptions,
+    plan: KernelPlan,
     add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be `pack_weight`'s (then the
-    result has its dtype)."""
+    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be a packed one (`pack_weight`;
+    then the result has its dtype); a dense weight goes through oneDNN where the plan says so, else `F.linear`."""
     if weight.is_mkldnn and weight.dtype != torch.float32:  # a bf16 pack (the bf16 mode): operands to its dtype
         x = x.to(weight.dtype)
         bias = None if bias is None else bias.to(weight.dtype)
         add = None if add is None else add.to(weight.dtype)
-    if weight.is_mkldnn or onednn_usable(x, weight, options):
+    if weight.is_mkldnn or plan.onednn:
         if add is not None:
             return torch.ops.mkldnn._linear_pointwise.binary(x, add, weight, bias, "add")
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -210,98 +139,53 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype))
 
 
-# Per weight, its packed (N, K) matrices (one per direction of a (2, N, K) weight, one for an (N, K) weight), or a
-# (2, N, K) weight transposed to a contiguous (2, K, N) for the batched matmul; None where a weight is absent.
-PackedWeights = list[list[torch.Tensor] | torch.Tensor | None]
+# Per LSTM weight (input, recurrent, projection): its packed (N, K) matrices (one per direction), or a (2, N, K)
+# weight transposed or cast for the batched matmul, or None where the weight is read as it is (or absent).
+StepForms = list[list[torch.Tensor] | torch.Tensor | None]
 
 
-def packed_lstm_weights(
-    weights: Sequence[torch.Tensor | None],
-    x: torch.Tensor,
-    options: ElmoKernelOptions,
-    inference_cache: ElmoInferenceCache | None,
-) -> PackedWeights | None:
-    """An LSTM layer's (2, N, K) weights (input, recurrent, projection) in the form its matmuls for `x` (2, rows,
-    steps, K) read fastest, else None: from `inference_cache` when given, else made for this call (one copy serves
-    every step).
+def packed(cache: ElmoInferenceCache | None, weight: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+    """A (2, N, K) weight as its directions' (N, K) matrices, an (N, K) weight as one matrix, packed in `dtype`
+    (`pack_weight`): kept by `cache`, else made for this call."""
+    def make() -> list[torch.Tensor]:
+        return [pack_weight(m, dtype) for m in (weight.unbind() if weight.dim() == 3 else [weight])]
 
-    - float32, a one-row call whose step weights (recurrent, projection) all take the batched-MKL step
-      (`uses_batched_step`): those two transposed to contiguous (2, K, N), only from `inference_cache` (a copy per
-      call costs about what it saves over the transposed view).
-    - float32 (`onednn_usable`): the step weights packed per direction, never the input weight (one matmul per
-      window, where a pack gains little).
-    - bf16 autocast (`bf16_autocast_inference`) where oneDNN packs bf16 (`runtime.bf16_weight_packing`): all three
-      packed per direction in bf16, which autocast would otherwise cast again at every call and step.
-    - a GPU under autocast (`cuda_autocast_inference`), with `inference_cache`: the input weight cast to the autocast
-      dtype and the step weights cast and transposed to (2, K, N), made once.
-    """
-    _, *step_weights = weights
-    present = [w for w in step_weights if w is not None]
-    if not present:
-        return None
-    cast = cuda_autocast_inference(x, present[0])
-    if cast is not None:
-        if inference_cache is None:
-            return None
-        return [inference_cache.cast_weight(weights[0], cast),
-                *(None if w is None else inference_cache.cast_weight(w, cast, transposed=True) for w in step_weights)]
-    if (
-        _eager_cpu_inference(x, present[0])
-        and not torch.is_autocast_enabled("cpu")
-        and x.dtype == present[0].dtype == torch.float32
-        and all(uses_batched_step(options, x.shape[1], w) for w in present)
-    ):
-        return None if inference_cache is None else [None, *inference_cache.transposed_weights(step_weights)]
-    if onednn_usable(x, present[0], options):
-        weights, dtype = [None, *step_weights], torch.float32
-    elif bf16_autocast_inference(x, present[0]) and bf16_weight_packing():
-        dtype = torch.bfloat16
-    else:
-        return None
-    if inference_cache is not None:
-        return inference_cache.packed_weights(weights, dtype)
-    return [[pack_weight(d, dtype) for d in w.unbind()] if w is not None else None for w in weights]
+    return make() if cache is None else cache.derived([weight], dtype, make)
 
 
-def packed_linear_weight(
-    weight: torch.Tensor, x: torch.Tensor, inference_cache: ElmoInferenceCache | None
-) -> torch.Tensor:
-    """A linear layer's (N, K) weight as `linear(x, ...)` reads it: in the bf16 mode (`bf16_autocast_inference`)
-    where oneDNN packs bf16, packed once in bf16 by `inference_cache`, which autocast would otherwise cast again at
-    every call, else `weight` itself (in float32 a packed copy gains nothing measurable: docs/performance.md)."""
-    if inference_cache is None:
-        return weight
-    cast = cuda_autocast_inference(x, weight)
-    if cast is not None:  # on a GPU under autocast: cast once (autocast casts again at every call)
-        return inference_cache.cast_weight(weight, cast)
-    if not (bf16_autocast_inference(x, weight) and bf16_weight_packing()):
-        return weight
-    return inference_cache.packed_weights([weight], torch.bfloat16)[0][0]
+def transposed(cache: ElmoInferenceCache, weight: torch.Tensor) -> torch.Tensor:
+    """A (2, N, K) weight as a contiguous (2, K, N) copy, for `both_directions`' batched matmul, kept by `cache`."""
+    return cache.derived([weight], "transposed", lambda: weight.detach().mT.contiguous())
+
+
+def cast(cache: ElmoInferenceCache | None, weight: torch.Tensor, dtype: torch.dtype, transpose: bool = False
+         ) -> torch.Tensor:
+    """A copy of `weight` in `dtype` (a (2, N, K) weight as a contiguous (2, K, N) with `transpose`, for
+    `both_directions`), for matmuls under autocast: kept by `cache`, else made for this call."""
+    def make() -> torch.Tensor:
+        return (weight.detach().mT if transpose else weight.detach()).to(dtype).contiguous()
+
+    return make() if cache is None else cache.derived([weight], ("cast", dtype, transpose), make)
 
 
 def both_directions(
     x: torch.Tensor,
     weight: torch.Tensor,
-    packed: list[torch.Tensor] | torch.Tensor | None,
-    options: ElmoKernelOptions,
+    form: list[torch.Tensor] | torch.Tensor | None,
+    plan: KernelPlan,
     add: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """x (2, n, K) @ weight (2, N, K)ᵀ per direction, + add (one (n, N) per direction) → (2, n, N).
 
-    `packed` is `packed_lstm_weights`' form of `weight`. Through oneDNN with directions packed for it (in their
-    dtype); else one batched matmul (MKL), reading `packed` where it is the (2, K, N) transposed copy: without a
-    packed form, and for float32 where `uses_batched_step` (a single row and a small weight: oneDNN's fixed
-    cost per call would dominate).
-    """
-    if isinstance(packed, list) and (
-        packed[0].dtype != torch.float32 or not uses_batched_step(options, x.shape[1], weight)
-    ):
-        return torch.stack([linear(x[d], packed[d], None, options, add=None if add is None else add[d])
-                            for d in range(2)])
-    transposed = packed if isinstance(packed, torch.Tensor) else weight.transpose(1, 2)
+    `form` is the plan's form of `weight` (`StepForms`): through oneDNN where the directions are packed for it (in
+    their dtype; float32 one-row steps excepted, `KernelPlan.batched_step`); else one batched matmul (MKL), reading
+    `form` where it is the (2, K, N) transposed or cast copy."""
+    if isinstance(form, list) and (form[0].dtype != torch.float32 or not plan.batched_step(x.shape[1], weight)):
+        return torch.stack([linear(x[d], form[d], None, plan, add=None if add is None else add[d]) for d in range(2)])
+    weight_t = form if isinstance(form, torch.Tensor) else weight.transpose(1, 2)
     if add is None:
-        return torch.bmm(x, transposed)
-    return torch.baddbmm(torch.stack(add), x, transposed)
+        return torch.bmm(x, weight_t)
+    return torch.baddbmm(torch.stack(add), x, weight_t)
 
 
 def _meta_lstm(weights: LstmWeights) -> nn.LSTM:
@@ -331,6 +215,26 @@ def fused_lstm_weights(weights: LstmWeights) -> list[dict[str, torch.Tensor]]:
     return states
 
 
+def fused_lstms(cache: ElmoInferenceCache, weights: LstmWeights, dtype: torch.dtype | None = None) -> list[nn.LSTM]:
+    """The `nn.LSTM` of each direction of an LSTM layer (`fused_lstm_weights`), in `dtype` (default: the layer's;
+    under GPU autocast its dtype, which autocast would otherwise cast the weights to at every call), its weights in
+    one contiguous block in cuDNN's layout (`flatten_parameters`): made once by `cache`, remade when a weight
+    changes."""
+    dtype = dtype or weights.input_weight.dtype
+
+    def make() -> list[nn.LSTM]:
+        lstms = []
+        with torch.no_grad():
+            for state in fused_lstm_weights(weights):
+                lstm = _meta_lstm(weights).to_empty(device=weights.input_weight.device).to(dtype)
+                lstm.requires_grad_(False).load_state_dict(state)
+                lstm.flatten_parameters()
+                lstms.append(lstm)
+        return lstms
+
+    return cache.derived(weights.parameters(), ("fused", dtype), make)
+
+
 def _used_positions(char_ids: torch.Tensor, widest_filter: int, padding_id: int) -> torch.Tensor:
     """(words, chars) ids → (words,): how many leading character positions of each word the max-pool needs.
 
@@ -344,76 +248,67 @@ def _used_positions(char_ids: torch.Tensor, widest_filter: int, padding_id: int)
     return (last + 1 + widest_filter).clamp(max=chars)
 
 
-def _cell(
-    weights: LstmWeights, gates: torch.Tensor, c: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]
-) -> LayerState:
-    """One step of both directions from the gate pre-activations (2, n, 4D), forget bias included, and the cell
-    c (2, n, D): the new (h (2, n, P), c), clipped where the layer clips; `project` maps h (2, n, D) → (2, n, P)."""
-    cell = c.shape[-1]
-    candidate = torch.tanh(gates[..., cell : 2 * cell])
-    input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
-    c = torch.addcmul(forget_gate * c, input_gate, candidate)
-    if weights.cell_clip is not None:
-        c = c.clamp(-weights.cell_clip, weights.cell_clip)
-    h = output_gate * torch.tanh(c)
-    if weights.projection_weight is not None:
-        h = project(h)
-    if weights.proj_clip is not None:
-        h = h.clamp(-weights.proj_clip, weights.proj_clip)
-    return h, c
+def unique_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, k) integer ids → (distinct rows (m, k), inverse (n,)) with rows[inverse] equal to ids, as
+    `torch.unique(ids, dim=0, return_inverse=True)`; on CPU through NumPy, which compares whole rows as bytes (4x
+    faster than torch's row-by-row comparisons), so the distinct rows come in another order."""
+    if ids.device.type != "cpu" or not ids.numel():
+        return torch.unique(ids, dim=0, return_inverse=True)
+    rows = np.ascontiguousarray(ids.numpy())
+    as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
+    _, first, inverse = np.unique(as_bytes, return_index=True, return_inverse=True)
+    return ids[torch.from_numpy(first)], torch.from_numpy(inverse.reshape(-1))
 
 
 class ElmoKernels:
-    """How one forward pass of a biLM runs, decided when it starts from the config's `options`, its inputs (their
-    device, the autocast in force), the rows' lengths on the host and the caller's `inference_cache`, which it reads
-    and fills. `ElmoModel.forward` makes it (never while a compiler traces: then the blocks' own `forward` runs).
-
-    `every_position`: the char CNN runs on every position, all its character slots (on a GPU by default), rather than
-    on each distinct word once.
-    """
+    """How one forward pass of a biLM runs: its `KernelPlan` (decided when it starts), the rows' lengths on the host
+    and the caller's `inference_cache`, which it reads and fills. `ElmoModel.forward` makes it (never while a
+    compiler traces: then the blocks' own `forward` runs)."""
 
     def __init__(
         self,
         options: ElmoKernelOptions,
         input_ids: torch.Tensor,
         lengths: Sequence[int],
-        inference_cache: ElmoInferenceCache | None = None,
+        inference_cache: ElmoInferenceCache | None,
+        tensors: Sequence[torch.Tensor],
     ):
-        self.options = options
-        self.cache = inference_cache
+        """`tensors`: the model's parameters and the state given to the call (whether gradient flows to them)."""
+        self.plan = KernelPlan.make(options, input_ids, tensors)
+        self.cache = inference_cache if self.plan.inference else None
         self.lengths = list(lengths)
-        self.device = input_ids.device
-        self.every_position = not uses_distinct_words(options, input_ids.device)
         self._per_call: dict[object, object] = {}  # what a call makes once for all its layers
         if (input_ids.device.type == "cpu" and torch.is_autocast_enabled("cpu")
                 and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not native_bf16_cpu()):
             warn("the biLM runs in bf16 (CPU bf16 autocast), but this CPU has no native bf16 (AVX512-BF16 or AMX): "
                  "it is emulated, several times slower than float32")
 
-    # -- linear layers -------------------------------------------------------------------------------------------
-    def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: bool = True
-    ) -> torch.Tensor:
-        """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N). In the bf16 mode a `packed` weight (one of the
-        model's parameters, not a view made per call) is read from a bf16 copy the cache packs once; under GPU
-        autocast the cache's cast copies of weight and bias are read."""
-        weight = packed_linear_weight(weight, x, self.cache) if packed else weight
-        return linear(x, weight, None if bias is None else self.weight(bias), self.options)
+    # -- matmuls and the forms of weights they read ----------------------------------------------------------------
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N), `weight` one of the model's parameters: read packed in
+        bf16 in the bf16 mode, cast under GPU autocast (both kept by the cache), else as it is."""
+        plan = self.plan
+        if self.cache is not None and plan.compute_dtype is not None and plan.device.type == "cuda":
+            weight = cast(self.cache, weight, plan.compute_dtype)
+        elif self.cache is not None and plan.bf16_packs:
+            weight = packed(self.cache, weight, torch.bfloat16)[0]
+        return linear(x, weight, None if bias is None else self.weight(bias), plan)
 
     def weight(self, parameter: torch.Tensor) -> torch.Tensor:
-        """A parameter as this call's arithmetic reads it: under autocast (a GPU's, or the CPU's bf16 mode) without
-        gradient, its copy in the autocast dtype (activations computed from a float32 parameter would come out in
-        float32, to be cast again), cast once by the cache if there is one; else itself."""
-        cast = _inference_autocast_dtype(parameter)
-        if cast is None:
-            return parameter
-        return parameter.to(cast) if self.cache is None else self.cache.cast_weight(parameter, cast)
+        """A parameter as this call's arithmetic reads it: in the plan's compute dtype where there is one (activations
+        computed from a float32 parameter would come out in float32, to be cast again), cast once by the cache if
+        there is one; else itself."""
+        dtype = self.plan.compute_dtype
+        return parameter if dtype is None else cast(self.cache, parameter, dtype)
 
     def in_compute_dtype(self, x: torch.Tensor) -> torch.Tensor:
-        """Activations `x` in the dtype the matmuls under autocast (a GPU's, or the CPU's bf16 mode) read, without
-        gradient; else `x` itself."""
-        cast = _inference_autocast_dtype(x)
-        return x if cast is None else x.to(cast)
+        """Activations `x` in the plan's compute dtype, where there is one."""
+        dtype = self.plan.compute_dtype
+        return x if dtype is None else x.to(dtype)
+
+    def _matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The formulas' matmul for a weight made in this call (the char CNN's flattened filters): no cached form."""
+        return linear(x, weight, bias, self.plan)
 
     # -- the char CNN --------------------------------------------------------------------------------------------
     def token_representations(
@@ -426,19 +321,18 @@ class ElmoKernels:
         """The char CNN on (batch, positions, chars) ids and their (batch, positions) mask (with a word embedding, and
         (batch, positions) word ids) → (batch, positions, output_dim), zeros at padding.
 
-        Each distinct word of the batch goes through the CNN once (or comes from the cache when no gradient is
-        needed); with `every_position` every position goes through it, all its character slots: the same values,
-        without shapes that depend on the data (nothing for the host to wait for). A word embedding joins each
-        position's char-CNN output before the projection.
+        Each distinct word of the batch goes through the CNN once (or comes from the cache in inference); with the
+        plan's `every_position` every position goes through it, all its character slots: the same values, without
+        shapes that depend on the data (nothing for the host to wait for). A word embedding joins each position's
+        char-CNN output before the projection.
         """
-        if self.every_position:
+        if self.plan.every_position:
             embedded = self._after_pooling(weights, self._convolve(weights, input_ids.flatten(0, 1)))
             if weights.word_embedding is not None:
                 embedded = self._with_words(weights, embedded, word_input_ids.flatten())
             return embedded.view(*input_ids.shape[:2], -1) * mask[..., None]
         words, inverse = unique_rows(input_ids[mask])
-        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in weights.parameters())
-        if self.cache is not None and not needs_grad:
+        if self.cache is not None:
             embedded = self.cache.token_representations(
                 words, weights.parameters(), lambda ids: self.embed_words(weights, ids)
             )
@@ -461,7 +355,7 @@ class ElmoKernels:
         if not len(char_ids):
             width = weights.output_dim if weights.word_embedding is None else weights.n_filters
             return weights.char_embedding.new_zeros(0, width)
-        chunk = self.options.char_cnn_chunk
+        chunk = self.plan.options.char_cnn_chunk
         used = _used_positions(char_ids, weights.widest_filter, weights.padding_char_id)
         group = chunk // 32  # the words a group holds before it may close
         if len(char_ids) <= group:  # one group (e.g. one sentence): nothing to sort
@@ -481,38 +375,25 @@ class ElmoKernels:
         return torch.cat(representations)[order.argsort()]
 
     def _convolve(self, weights: CharCnnWeights, char_ids: torch.Tensor) -> torch.Tensor:
-        """(words, chars) ids → (words, n_filters): every filter bank as one matmul of every window (words, windows,
-        char_dim * width) with the filters (n_filters, char_dim * width), the layout of Conv1d's weight (faster
-        than Conv1d on a CPU); max-pooled, then the bias (the same maximum as adding it to every window first, as
-        rounding is monotonic) and the activation. Under autocast the embeddings are cast once, not each bank's
-        windows."""
+        """(words, chars) ids → (words, n_filters): `convolve_pool_activate` (one matmul per filter bank over every
+        window, faster than Conv1d on a CPU). Under autocast the embeddings are cast once, not each bank's windows."""
         chars = self.in_compute_dtype(F.embedding(char_ids, weights.char_embedding, weights.padding_idx))
-        activation = torch.tanh if weights.activation == "tanh" else F.relu
-        pooled = []
-        for weight, bias in weights.filters:
-            windows = chars.unfold(1, weight.shape[2], 1).flatten(2)
-            scores = self.linear(windows, self.weight(weight).flatten(1), packed=False)
-            pooled.append(activation(scores.amax(dim=1) + self.weight(bias)))
-        return torch.cat(pooled, dim=-1)
+        filters = [(self.weight(weight), self.weight(bias)) for weight, bias in weights.filters]
+        return convolve_pool_activate(chars, filters, weights.activation, self._matmul)
 
     def _after_pooling(self, weights: CharCnnWeights, pooled: torch.Tensor) -> torch.Tensor:
         """(words, n_filters) → the highway layers, then the projection (words, output_dim); with a word embedding
         the highway's output (words, n_filters), projected by `_with_words`."""
-        x = pooled
-        for weight, bias in weights.highway:
-            transform, carry = self.linear(x, weight, bias).chunk(2, dim=-1)
-            gate = torch.sigmoid(carry)
-            x = gate * F.relu(transform) + (1 - gate) * x
-        if weights.word_embedding is not None or weights.projection is None:
+        x = highway(pooled, weights.highway, self.linear)
+        if weights.word_embedding is not None:
             return x
-        return self.linear(x, *weights.projection)
+        return project_tokens(x, None, weights.projection, self.linear)
 
-    def _with_words(self, weights: CharCnnWeights, highway: torch.Tensor, word_ids: torch.Tensor) -> torch.Tensor:
-        """(tokens, n_filters) highway outputs and their (tokens,) word ids → (tokens, output_dim): each word's vector
-        before its highway output, projected."""
+    def _with_words(self, weights: CharCnnWeights, highway_output: torch.Tensor, word_ids: torch.Tensor
+                    ) -> torch.Tensor:
+        """(tokens, n_filters) highway outputs and their (tokens,) word ids → (tokens, output_dim)."""
         words = self.in_compute_dtype(F.embedding(word_ids, weights.word_embedding, 0))
-        x = torch.cat([words, highway.to(words.dtype)], dim=-1)
-        return x if weights.projection is None else self.linear(x, *weights.projection)
+        return project_tokens(highway_output.to(words.dtype), words, weights.projection, self.linear)
 
     # -- the biLSTM ----------------------------------------------------------------------------------------------
     def lstm(
@@ -532,7 +413,7 @@ class ElmoKernels:
         lengths are asked for; then it, like the step loop, needs the rows longest first (packed sequences, the
         active rows of a step a prefix): rows given in another order are sorted here and put back after."""
         lengths = self.lengths
-        fused = recurrence_for(self.options, self.device, weights.clipped) == "fused"
+        fused = self.plan.recurrence(weights) == "fused"
         if fused and not (return_state and len(set(lengths)) > 1):
             return self._padded_fused_recurrence(weights, inputs, mask, state, return_state)
         recurrence = self._fused_recurrence if fused else self._step_recurrence
@@ -553,32 +434,61 @@ class ElmoKernels:
                 host_index(order, device), [lengths[i] for i in order], host_index(np.argsort(order), device))
         return self._per_call["order"]
 
+    def step_forms(self, weights: LstmWeights, rows: int) -> StepForms:
+        """The forms the step loop of `rows` rows reads the layer's (input, recurrent, projection) weights in, as the
+        plan says (None: the weight itself):
+
+        - under GPU autocast, with a cache: the input weight cast to the autocast dtype, the step weights cast and
+          transposed to (2, K, N), made once;
+        - float32 on a CPU, a one-row call whose step weights all take the batched-MKL step (`batched_step`): those
+          two transposed to contiguous (2, K, N), only from the cache (a copy per call costs about what it saves);
+        - oneDNN float32: the step weights packed per direction, never the input weight (one matmul per window,
+          where a pack gains little);
+        - the bf16 mode where oneDNN packs bf16 weights: all three packed per direction in bf16, which autocast
+          would otherwise cast again at every call and step.
+        """
+        plan, cache = self.plan, self.cache
+        weights_in_order = (weights.input_weight, weights.recurrent_weight, weights.projection_weight)
+        step_weights = [w for w in weights_in_order[1:] if w is not None]
+        if plan.device.type == "cuda" and plan.compute_dtype is not None:
+            if cache is None:
+                return [None, None, None]
+            return [cast(cache, weights.input_weight, plan.compute_dtype),
+                    *(None if w is None else cast(cache, w, plan.compute_dtype, transpose=True)
+                      for w in weights_in_order[1:])]
+        if plan.cpu_float32 and all(plan.batched_step(rows, w) for w in step_weights):
+            return [None, *(None if w is None or cache is None else transposed(cache, w)
+                            for w in weights_in_order[1:])]
+        if plan.onednn:
+            return [None, *(None if w is None else packed(cache, w, torch.float32) for w in weights_in_order[1:])]
+        if plan.bf16_packs:
+            return [None if w is None else packed(cache, w, torch.bfloat16) for w in weights_in_order]
+        return [None, None, None]
+
     def _step_recurrence(
         self, weights: LstmWeights, inputs: torch.Tensor, lengths: Sequence[int], state: LayerState
     ) -> tuple[torch.Tensor, LayerState]:
         """The step loop over rows longest first: at step t only the `batch_sizes[t]` rows still active are computed."""
-        options = self.options
+        plan = self.plan
         _, batch, steps, _ = inputs.shape
         batch_sizes = [sum(1 for n in lengths if n > t) for t in range(steps)]
         started = batch_sizes[0] if steps else 0  # rows with at least one position
         h, c = state[0][:, :started], state[1][:, :started]
-        packed_input, packed_recurrent, packed_projection = packed_lstm_weights(
-            (weights.input_weight, weights.recurrent_weight, weights.projection_weight), inputs, options, self.cache
-        ) or (None, None, None)
+        input_form, recurrent_form, projection_form = self.step_forms(weights, inputs.shape[1])
         bias = weights.bias_with_forget_bias()
 
         def project(h: torch.Tensor) -> torch.Tensor:
-            return both_directions(h, weights.projection_weight, packed_projection, options)
+            return both_directions(h, weights.projection_weight, projection_form, plan)
 
         outputs, finished_h, finished_c = [], [], []
-        for start in range(0, steps, options.lstm_time_chunk):
+        for start in range(0, steps, plan.options.lstm_time_chunk):
             active = batch_sizes[start]
             if active == 0:
                 break
-            window = inputs[:, :active, start : start + options.lstm_time_chunk]
+            window = inputs[:, :active, start : start + plan.options.lstm_time_chunk]
             # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
-            input_weight = weights.input_weight if packed_input is None else packed_input
-            projected = [linear(window[d], input_weight[d], bias[d], options).unbind(1) for d in range(2)]
+            input_weight = weights.input_weight if input_form is None else input_form
+            projected = [linear(window[d], input_weight[d], bias[d], plan).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
                 if n == 0:
@@ -589,8 +499,8 @@ class ElmoKernels:
                     h, c = h[:, :n], c[:, :n]
                 step_input = [projected[d][offset][:n] for d in range(2)]
                 # Gate pre-activations (2, n, 4D).
-                gates = both_directions(h, weights.recurrent_weight, packed_recurrent, options, add=step_input)
-                h, c = _cell(weights, gates, c, project)
+                gates = both_directions(h, weights.recurrent_weight, recurrent_form, plan, add=step_input)
+                h, c = lstm_cell(weights, gates, c, project)
                 outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
         if not outputs:
             return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
@@ -601,6 +511,7 @@ class ElmoKernels:
         if output.shape[2] < steps:
             output = F.pad(output, (0, 0, 0, steps - output.shape[2]))
         return output, (final_h, final_c)
+
 
     def _padded_fused_recurrence(
         self, weights: LstmWeights, inputs: torch.Tensor, mask: torch.Tensor, state: LayerState, return_state: bool
@@ -661,9 +572,15 @@ class ElmoKernels:
         clipping. Without gradients for the weights, the cache keeps each direction's `nn.LSTM` with its weights
         flat in cuDNN's layout (in the autocast dtype under GPU autocast); with them, the weights are gathered into
         its layout at every call."""
-        weights_need_grad = torch.is_grad_enabled() and any(p.requires_grad for p in weights.parameters())
-        if self.cache is not None and not weights_need_grad:
-            lstms = self.cache.fused_lstms(weights, cuda_autocast_inference(inputs, weights.input_weight))
+
+    def _fused_lstm(self, weights: LstmWeights, inputs: torch.Tensor) -> Callable:
+        """`run(direction, inputs, (h0, c0))`: the `nn.LSTM(proj_size=P)` of one direction of the layer without its
+        clipping. In inference with a cache, the cache keeps each direction's `nn.LSTM` with its weights flat in
+        cuDNN's layout (in the autocast dtype under GPU autocast); else the weights are gathered into its layout at
+        every call."""
+        if self.cache is not None:
+            dtype = self.plan.compute_dtype if self.plan.device.type == "cuda" else None
+            lstms = fused_lstms(self.cache, weights, dtype)
             return lambda d, x, initial: lstms[d](x, initial)
         gathered = fused_lstm_weights(weights)
 
@@ -673,156 +590,3 @@ class ElmoKernels:
                 return torch.func.functional_call(_meta_lstm(weights), gathered[d], (x, initial))
 
         return run
-
-
-def host_index(values: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Integers made on the host (a sequence, or a CPU tensor) as an index on `device`. To a GPU from page-locked
-    memory without waiting: a plain `torch.tensor(values, device=...)` is a copy the host waits for."""
-    index = torch.as_tensor(values, dtype=torch.long)
-    if device.type == "cpu":
-        return index
-    return (index.pin_memory() if device.type == "cuda" and torch.cuda.is_available() else index).to(
-        device, non_blocking=True)
-
-
-def unique_rows(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(n, k) integer ids → (distinct rows (m, k), inverse (n,)) with rows[inverse] equal to ids, as
-    `torch.unique(ids, dim=0, return_inverse=True)`; on CPU through NumPy, which compares whole rows as bytes (4x
-    faster than torch's row-by-row comparisons), so the distinct rows come in another order."""
-    if ids.device.type != "cpu" or not ids.numel():
-        return torch.unique(ids, dim=0, return_inverse=True)
-    rows = np.ascontiguousarray(ids.numpy())
-    as_bytes = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
-    _, first, inverse = np.unique(as_bytes, return_index=True, return_inverse=True)
-    return ids[torch.from_numpy(first)], torch.from_numpy(inverse.reshape(-1))
-
-
-def _weights_state(parameters: Sequence[torch.Tensor]) -> tuple:
-    """What identifies the values of `parameters` without reading them: in-place updates bump `_version`,
-    optimizers that assign `.data` (e.g. Thinc's) change the address."""
-    return tuple((p.data_ptr(), p._version, p.dtype, p.device, p.shape) for p in parameters)
-
-
-class ElmoInferenceCache:
-    """What inference may keep between calls of a biLM; pass it as `model(..., inference_cache=cache)`.
-
-    - token representations (char CNN, highway, projection) of the `token_cache_size` most recently seen distinct
-      words (0: none), so frequent words skip the char CNN. Used only for calls without gradient through the char
-      CNN; emptied whenever a char-CNN weight, the device, the dtype or the autocast setting changes.
-    - the LSTM step weights packed for oneDNN (`pack_weight`), or transposed for the batched matmul of one-row
-      steps; in the bf16 mode every LSTM weight and the char CNN's highway and projection packed in bf16. Made again
-      whenever a weight changes.
-
-    Changes the weights' version counters and addresses show are followed; after changes made outside torch (e.g.
-    through a NumPy view of their memory) call `clear()`. Thread-safe: callers in several threads may share one
-    cache (lookups and updates under a lock, the computation outside it). One cache per model keeps it small;
-    copies and pickles of a cache are empty.
-    """
-
-    def __init__(self, token_cache_size: int = 20_000):
-        if problem := integer_problem(token_cache_size, 0):
-            raise ValueError(f"token_cache_size {problem}")
-        self.token_cache_size = token_cache_size
-        self._lock = threading.Lock()
-        self._tokens: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self._tokens_state: tuple = ()
-        # (id(weight), form: the dtype of a pack or "transposed") → (a weak reference to the weight, its state when
-        # the form was made, the form: packed matrices or the transposed copy)
-        self._packed: dict[tuple[int, object], tuple[weakref.ref, tuple, object]] = {}
-
-    def __len__(self) -> int:
-        """Words whose token representation is cached."""
-        return len(self._tokens)
-
-    def __getstate__(self) -> dict:
-        return {"token_cache_size": self.token_cache_size}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["token_cache_size"])
-
-    def clear(self) -> None:
-        """Forget every cached token representation and packed weight (also frees their memory)."""
-        with self._lock:
-            self._tokens.clear()
-            self._packed.clear()
-
-    def token_representations(
-        self, char_ids: torch.Tensor, parameters: Sequence[torch.Tensor], embed: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
-        """(words, chars) distinct words' ids → `embed(ids)` (words, width), reading and filling the cache;
-        `parameters` are those `embed` depends on."""
-        if self.token_cache_size == 0 or not len(char_ids):
-            return embed(char_ids)
-        device = char_ids.device.type
-        autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        state = (autocast, _weights_state(parameters))
-        keys = [row.tobytes() for row in char_ids.cpu().numpy()]
-        with self._lock:
-            if state != self._tokens_state:
-                self._tokens.clear()
-                self._tokens_state = state
-            found = {key: self._tokens[key] for key in keys if key in self._tokens}
-        missing = [i for i, key in enumerate(keys) if key not in found]
-        if missing:
-            found.update((keys[i], vector.clone()) for i, vector in zip(missing, embed(char_ids[missing])))
-        with self._lock:
-            if state == self._tokens_state:  # not if the weights changed meanwhile
-                for key in keys:  # most recently used last (other threads may have evicted some meanwhile)
-                    self._tokens[key] = found[key]
-                    self._tokens.move_to_end(key)
-                while len(self._tokens) > self.token_cache_size:
-                    self._tokens.popitem(last=False)
-        return torch.stack([found[key] for key in keys])
-
-    def packed_weights(self, weights: Sequence[torch.Tensor | None], dtype: torch.dtype) -> PackedWeights:
-        """Each (2, N, K) weight as its directions' (N, K) matrices, each (N, K) weight as one matrix, packed in
-        `dtype` (`pack_weight`); None where a weight is absent."""
-        return [
-            None if weight is None else self._derived(
-                [weight], dtype, lambda w: [pack_weight(m, dtype) for m in (w.unbind() if w.dim() == 3 else [w])]
-            )
-            for weight in weights
-        ]
-
-    def transposed_weights(self, weights: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        """Each (2, N, K) weight as a contiguous (2, K, N) copy, for `both_directions`' batched matmul."""
-        return [
-            None if weight is None else self._derived([weight], "transposed", lambda w: w.detach().mT.contiguous())
-            for weight in weights
-        ]
-
-    def cast_weight(self, weight: torch.Tensor, dtype: torch.dtype, transposed: bool = False) -> torch.Tensor:
-        """A copy of `weight` in `dtype` (a (2, N, K) weight as a contiguous (2, K, N) with `transposed`, for
-        `both_directions`), for matmuls under GPU autocast."""
-        return self._derived([weight], ("cast", dtype, transposed),
-                             lambda w: (w.detach().mT if transposed else w.detach()).to(dtype).contiguous())
-
-    def fused_lstms(self, weights: LstmWeights, dtype: torch.dtype | None = None) -> list[nn.LSTM]:
-        """The `nn.LSTM` of each direction of an LSTM layer (`fused_lstm_weights`), in `dtype` (default: the layer's;
-        under GPU autocast its dtype, which autocast would otherwise cast the weights to at every call), its weights in
-        one contiguous block in cuDNN's layout (`flatten_parameters`): made once, remade when a weight changes."""
-        dtype = dtype or weights.input_weight.dtype
-
-        def make(_) -> list[nn.LSTM]:
-            lstms = []
-            with torch.no_grad():
-                for state in fused_lstm_weights(weights):
-                    lstm = _meta_lstm(weights).to_empty(device=weights.input_weight.device).to(dtype)
-                    lstm.requires_grad_(False).load_state_dict(state)
-                    lstm.flatten_parameters()
-                    lstms.append(lstm)
-            return lstms
-
-        return self._derived(weights.parameters(), ("fused", dtype), make)
-
-    def _derived(self, weights: Sequence[torch.Tensor], form: object, make: Callable[[torch.Tensor], object]) -> object:
-        """`make(weights[0])`, made once per weight and `form` and again when any of `weights` changes."""
-        state = _weights_state(weights)
-        key = (id(weights[0]), form)
-        with self._lock:
-            entry = self._packed.get(key)
-        if entry is None or entry[0]() is not weights[0] or entry[1] != state:
-            entry = (weakref.ref(weights[0]), state, make(weights[0]))
-            with self._lock:
-                self._packed[key] = entry
-        return entry[2]

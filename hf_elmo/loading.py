@@ -31,7 +31,9 @@ from safetensors import SafetensorError
 from transformers import PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
+from . import efml_format, original_format
 from .configuration_elmo import ElmoConfig
+from .formats import FormatError, Sources, WeightFormat
 from .modeling_elmo import ElmoModel
 from .published import (
     ALLENNLP_MODELS,
@@ -54,6 +56,21 @@ WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 Model = TypeVar("Model", bound=PreTrainedModel)
+# The formats original biLMs come in (`formats.WeightFormat`), in the order `format_of` tries them.
+FORMATS: tuple[WeightFormat, ...] = (original_format.FORMAT, efml_format.FORMAT)
+
+
+def format_of(sources: Sources) -> WeightFormat:
+    """The format whose model `sources` are (`FORMATS`, first match); `FormatError` in one line saying what each
+    format takes."""
+    for weight_format in FORMATS:
+        if weight_format.detect(sources):
+            return weight_format
+    missing = [str(source) for source in sources if not Path(source).exists()]
+    found = f"{', '.join(missing)} does not exist" if missing else "is not a model of a format this package reads"
+    expected = "; or ".join(f"{f.usage} ({f.name})" for f in FORMATS)
+    raise FormatError(f"{' '.join(map(str, sources))}: {found}; expected {expected}, where an ELMoForManyLangs model "
+                      f"holds {', '.join(efml_format.MODEL_FILES)}")
 
 
 class ModelLoadError(ValueError):
@@ -220,9 +237,7 @@ def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLik
     if any(str(path).startswith(("http://", "https://")) for path in (options_file, weight_file)):
         raise ModelLoadError(f"{options_file} and {weight_file} are not a published model's URLs "
                              f"({', '.join(ALLENNLP_MODELS)}): download them and give the files")
-    from .original_format import model_from_original
-
-    return model_from_original(options_file, weight_file)
+    return original_format.FORMAT.load([options_file, weight_file])[0]
 
 
 def load_tokenizer(name: str | os.PathLike, revision: str | None = None) -> ElmoCharTokenizer:
@@ -237,9 +252,11 @@ def load_tokenizer(name: str | os.PathLike, revision: str | None = None) -> Elmo
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_MODEL_NAME",
+    "FORMATS",
     "MODEL_NAMES",
     "ModelLoadError",
     "check_model_directory",
+    "format_of",
     "load_config",
     "load_model",
     "load_original",

@@ -6,11 +6,11 @@ max-pooling, highway layers, projection) → token representation (batch, positi
 `n_layers + 1` layers of (batch, positions, 2P): the token representation duplicated, then each biLSTM layer
 as [forward; backward]. `ElmoScalarMix` combines them into one task-specific representation.
 
-Each block's `forward` is the paper's computation written plainly (`config.implementation = "reference"`, and what
-compilers trace). By default (`"kernels"`) `ElmoModel.forward` hands each block's weights, as a record, to
-`kernels.ElmoKernels` made for the call: the same function in fast forms (oneDNN or cuDNN, the char CNN once per
-distinct word, the LSTM step loop over the rows still active, caches), as transformers picks an attention
-implementation from the config.
+Each block's `forward` is the paper's computation written plainly, with the formulas of `formulas.py` and `F.linear`
+(`config.implementation = "reference"`, and what compilers trace). By default (`"kernels"`) `ElmoModel.forward` hands
+each block's weights, as a record, to `kernels.ElmoKernels` made for the call: the same formulas through fast
+matmuls (oneDNN or cuDNN, the char CNN once per distinct word, the LSTM step loop over the rows still active, caches),
+as transformers picks an attention implementation from the config.
 
 Every sentence starts from the zero state unless `initial_state` is given, so a sentence's vectors do not
 depend on the other rows of its batch. `final_state` + `initial_state` reproduce the original stateful biLM.
@@ -32,7 +32,17 @@ from transformers.modeling_outputs import SequenceClassifierOutput, TokenClassif
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_elmo import ElmoConfig
-from .kernels import CharCnnWeights, ElmoInferenceCache, ElmoKernels, LayerState, LstmWeights
+from .formulas import (
+    CharCnnWeights,
+    LayerState,
+    LstmWeights,
+    convolve_pool_activate,
+    highway,
+    lstm_cell,
+    project_tokens,
+)
+from .inference_cache import ElmoInferenceCache
+from .kernels import ElmoKernels
 from .text import remove_sentence_boundaries
 
 # (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
@@ -112,11 +122,7 @@ class ElmoHighway(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(words, F) → (words, F)"""
-        for layer in self.layers:
-            transform, carry = layer(x).chunk(2, dim=-1)
-            gate = torch.sigmoid(carry)
-            x = gate * F.relu(transform) + (1 - gate) * x
-        return x
+        return highway(x, [(layer.weight, layer.bias) for layer in self.layers], F.linear)
 
 
 class ElmoCharCNN(nn.Module):
@@ -144,14 +150,12 @@ class ElmoCharCNN(nn.Module):
     ) -> torch.Tensor:
         """(batch, positions, chars) ids, (batch, positions) bool mask and, with a word embedding, (batch, positions)
         word ids → (batch, positions, projection_dim), zeros at padding."""
-        chars = self.char_embedding(input_ids.flatten(0, 1)).transpose(1, 2)  # (words, char_dim, chars)
-        activation = torch.tanh if self.activation == "tanh" else F.relu
-        pooled = torch.cat([activation(conv(chars).amax(dim=-1)) for conv in self.convs], dim=-1)  # (words, F)
-        token = self.highway(pooled)
-        if self.word_embedding is not None:
-            token = torch.cat([self.word_embedding(word_input_ids.flatten()), token], dim=-1)
-        if self.projection is not None:
-            token = self.projection(token)
+        chars = self.char_embedding(input_ids.flatten(0, 1))  # (words, chars, char_dim)
+        filters = [(conv.weight, conv.bias) for conv in self.convs]
+        pooled = convolve_pool_activate(chars, filters, self.activation, F.linear)  # (words, F)
+        words = None if self.word_embedding is None else self.word_embedding(word_input_ids.flatten())
+        projection = None if self.projection is None else (self.projection.weight, self.projection.bias)
+        token = project_tokens(self.highway(pooled), words, projection, F.linear)
         return token.view(*input_ids.shape[:2], -1) * mask[..., None]
 
     def weights(self) -> CharCnnWeights:
@@ -201,20 +205,13 @@ class ElmoLstmLayer(nn.Module):
         padded. Returns the outputs (2, batch, steps, P), zeros where padded, and each row's state after its last
         step."""
         h, c = state
-        bias = self.weights().bias_with_forget_bias()
+        weights = self.weights()
+        bias = weights.bias_with_forget_bias()
         projected = torch.matmul(inputs, self.input_weight.transpose(1, 2)[:, None]) + bias[:, None, None]
         outputs = []
         for step in range(inputs.shape[2]):
             gates = projected[:, :, step] + torch.bmm(h, self.recurrent_weight.transpose(1, 2))  # (2, batch, 4D)
-            input_gate, candidate, forget_gate, output_gate = gates.chunk(4, dim=-1)
-            new_c = torch.sigmoid(forget_gate) * c + torch.sigmoid(input_gate) * torch.tanh(candidate)
-            if self.cell_clip is not None:
-                new_c = new_c.clamp(-self.cell_clip, self.cell_clip)
-            new_h = torch.sigmoid(output_gate) * torch.tanh(new_c)
-            if self.projection_weight is not None:
-                new_h = torch.bmm(new_h, self.projection_weight.transpose(1, 2))
-            if self.proj_clip is not None:
-                new_h = new_h.clamp(-self.proj_clip, self.proj_clip)
+            new_h, new_c = lstm_cell(weights, gates, c, lambda h: torch.bmm(h, self.projection_weight.transpose(1, 2)))
             active = mask[:, step, None]  # (batch, 1)
             h, c = torch.where(active, new_h, h), torch.where(active, new_c, c)
             outputs.append(new_h * active)
@@ -242,11 +239,6 @@ class ElmoBiLstm(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.projection_dim = config.projection_dim
         self.lstm_dim = config.lstm_dim
-
-    @property
-    def clipped(self) -> bool:
-        """Whether the layers clip cells or projections."""
-        return self.layers[0].weights().clipped
 
     def zero_state(self, batch: int, reference: torch.Tensor) -> ElmoState:
         """The state every sentence starts from by default."""
@@ -600,7 +592,9 @@ class ElmoModel(ElmoPreTrainedModel):
             token_repr = self.char_cnn(input_ids, mask, word_input_ids)
             recurrence = None
         else:
-            kernels = ElmoKernels(self.config.kernels(), input_ids, lengths, inference_cache)
+            given_state = () if initial_state is None else initial_state
+            kernels = ElmoKernels(self.config.kernels(), input_ids, lengths, inference_cache,
+                                  [*self.parameters(), *given_state])
             token_repr = kernels.token_representations(self.char_cnn.weights(), input_ids, mask, word_input_ids)
             recurrence = kernels.lstm
         token_layer = torch.cat([token_repr, token_repr], dim=-1)  # layer 0, as wide as the biLSTM layers

@@ -1,14 +1,15 @@
 """The original format of ELMo models, bilm-tf's and AllenNLP's (`options.json` + weights `.hdf5`): read into an
-`ElmoModel` (`model_from_original`), converted into `save_pretrained` directories (`convert`) and written back
-(`export_hdf5`).
+`ElmoModel` (`model_from_original`; `FORMAT`, this format's `formats.WeightFormat`, converts it into a
+`save_pretrained` directory) and written back (`export_hdf5`).
 
 The mapping is a pure re-arrangement (transposes, concatenation, the zero padding row of the character
-embedding), so `convert` followed by `export_hdf5` gives back bit-identical arrays.
+embedding), so a conversion followed by `export_hdf5` gives back bit-identical arrays.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,9 @@ from tqdm.auto import tqdm
 
 from .configuration_elmo import ElmoConfig
 from .extras import require
+from .formats import FormatError, Sources, WeightFormat
 from .modeling_elmo import ElmoModel
 from .tokenization_elmo import ElmoCharTokenizer
-
-
-class OriginalFormatError(ValueError):
-    """The original options or weights are missing, unreadable or do not match each other."""
 
 
 def require_h5py(purpose: str = "the original .hdf5 weights"):
@@ -36,16 +34,16 @@ def _require(options: dict, section: str, key: str, path: str | Path) -> Any:
     try:
         return options[section][key]
     except (KeyError, TypeError):
-        raise OriginalFormatError(f"{path}: missing required key '{section}.{key}'") from None
+        raise FormatError(f"{path}: missing required key '{section}.{key}'") from None
 
 
 def config_from_options(options: dict, path: str | Path = "options.json") -> ElmoConfig:
     """An `ElmoConfig` from the parsed original `options.json` (training or inference variant)."""
     if "char_cnn" not in options:
-        raise OriginalFormatError(f"{path}: no 'char_cnn' section; word-input biLMs are not supported")
+        raise FormatError(f"{path}: no 'char_cnn' section; word-input biLMs are not supported")
     n_characters = options["char_cnn"].get("n_characters", 262)
     if n_characters not in (261, 262):
-        raise OriginalFormatError(f"{path}: char_cnn.n_characters must be 261 (training) or 262, got {n_characters}")
+        raise FormatError(f"{path}: char_cnn.n_characters must be 261 (training) or 262, got {n_characters}")
     return ElmoConfig(
         char_embedding_dim=_require(options["char_cnn"], "embedding", "dim", path),
         filters=_require(options, "char_cnn", "filters", path),
@@ -119,34 +117,34 @@ def _read_hdf5(weights_file: str | Path, config: ElmoConfig, progress: bool = Fa
     try:
         handle = h5py.File(weights_file, "r")
     except FileNotFoundError:
-        raise OriginalFormatError(f"{weights_file}: no such file") from None
+        raise FormatError(f"{weights_file}: no such file") from None
     except OSError as error:
-        raise OriginalFormatError(f"{weights_file}: not a readable HDF5 weight file ({error})") from None
+        raise FormatError(f"{weights_file}: not a readable HDF5 weight file ({error})") from None
     arrays: dict[str, np.ndarray] = {}
     with handle:
         found: list[str] = []
         handle.visititems(lambda name, item: found.append(name) if isinstance(item, h5py.Dataset) else None)
         if "embedding" in found and "char_embed" not in found:
-            raise OriginalFormatError(f"{weights_file}: a word-input biLM ('embedding' dataset); not supported")
+            raise FormatError(f"{weights_file}: a word-input biLM ('embedding' dataset); not supported")
         if not config.projects_tokens and "CNN_proj/W_proj" in found:
             config.token_projection = True
         layout = original_layout(config)
         items = tqdm(layout.items(), desc="reading weights", unit=" arrays", disable=not progress, leave=False)
         for name, shape in items:
             if name not in handle:
-                raise OriginalFormatError(f"{weights_file}: dataset '{name}' is missing (expected shape {shape})")
+                raise FormatError(f"{weights_file}: dataset '{name}' is missing (expected shape {shape})")
             try:
                 array = np.asarray(handle[name][...], dtype=np.float32)
             except Exception as error:  # h5py raises OSError/KeyError/RuntimeError on damaged data
-                raise OriginalFormatError(f"{weights_file}: dataset '{name}' cannot be read ({error})") from None
+                raise FormatError(f"{weights_file}: dataset '{name}' cannot be read ({error})") from None
             if array.shape != shape:
-                raise OriginalFormatError(
+                raise FormatError(
                     f"{weights_file}: dataset '{name}' has shape {array.shape}, options.json implies {shape}"
                 )
             arrays[name] = array
         unexpected = sorted(set(found) - set(layout))
         if unexpected:
-            raise OriginalFormatError(
+            raise FormatError(
                 f"{weights_file}: unexpected dataset(s) {unexpected} for these options "
                 f"(n_highway={config.n_highway}, n_layers={config.n_layers}, filters={len(config.filters)} banks)"
             )
@@ -218,9 +216,9 @@ def read_options(options_file: str | Path) -> dict:
     try:
         return json.loads(Path(options_file).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise OriginalFormatError(f"{options_file}: no such file") from None
+        raise FormatError(f"{options_file}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise OriginalFormatError(f"{options_file}: not valid JSON ({error})") from None
+        raise FormatError(f"{options_file}: not valid JSON ({error})") from None
 
 
 def model_from_original(options_file: str | Path, weights_file: str | Path, progress: bool = False) -> ElmoModel:
@@ -233,26 +231,30 @@ def model_from_original(options_file: str | Path, weights_file: str | Path, prog
     return model.eval()
 
 
-def convert(
-    options_file: str | Path,
-    weights_file: str | Path,
-    output_dir: str | Path,
-    source: str | None = None,
-    progress: bool = False,
-    repo_id: str | None = None,
-) -> Path:
-    """Write a `save_pretrained` directory (config, model.safetensors, tokenizer, model card whose snippets load
-    `repo_id`, the Hub repo it will be pushed to, if given); `progress` as in `model_from_original`."""
-    from .cards import write_model_card
+class OriginalFormat(WeightFormat):
+    """bilm-tf's and AllenNLP's format: two files, `options.json` and the weights `.hdf5`."""
 
-    model = model_from_original(options_file, weights_file, progress)
-    output_dir = Path(output_dir)
-    model.save_pretrained(output_dir)
-    ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token).save_pretrained(output_dir)
-    names = f"`{Path(options_file).name}` + `{Path(weights_file).name}`"
-    write_model_card(output_dir, model, source=source or f"Converted from the original weights {names}.",
-                     **({"repo_id": repo_id} if repo_id else {}))
-    return output_dir
+    name = "bilm-tf / AllenNLP"
+    usage = "OPTIONS_JSON WEIGHTS_HDF5"
+
+    def detect(self, sources: Sources) -> bool:
+        return len(sources) == 2
+
+    def load(
+        self, sources: Sources, word_tokenizer: str | None = None, progress: bool = False
+    ) -> tuple[ElmoModel, ElmoCharTokenizer]:
+        if len(sources) != 2:
+            raise FormatError(f"the original weights are two files, {self.usage}; got {len(sources)}")
+        model = model_from_original(*sources, progress=progress)
+        tokenizer = ElmoCharTokenizer(max_characters_per_token=model.config.max_characters_per_token,
+                                      word_tokenizer=word_tokenizer)
+        return model, tokenizer
+
+    def describe(self, sources: Sources) -> str:
+        return f"Converted from the original weights {' + '.join(f'`{os.path.basename(s)}`' for s in sources)}."
+
+
+FORMAT = OriginalFormat()
 
 
 def export_hdf5(model: ElmoModel, output_prefix: str | Path) -> tuple[Path, Path]:
@@ -271,9 +273,9 @@ def export_hdf5(model: ElmoModel, output_prefix: str | Path) -> tuple[Path, Path
 
 
 __all__ = [
-    "OriginalFormatError",
+    "FORMAT",
+    "OriginalFormat",
     "config_from_options",
-    "convert",
     "export_hdf5",
     "original_from_state_dict",
     "original_layout",

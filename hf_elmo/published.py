@@ -32,6 +32,9 @@ from huggingface_hub.utils import hf_raise_for_status, http_backoff
 from huggingface_hub.utils.sha import sha_fileobj
 from tqdm.auto import tqdm
 
+from . import efml_format, original_format
+from .formats import WeightFormat
+
 ENDPOINT = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo"
 # The same files as AllenNLP 1.x/2.x name them (the bucket's virtual-hosted address).
 ALLENNLP_ENDPOINTS = (ENDPOINT, "https://allennlp.s3.amazonaws.com/models/elmo")
@@ -79,6 +82,20 @@ class PublishedModel:
     def url(self, path: str) -> str:
         return f"{os.environ.get('ELMO_PUBLISHED_ENDPOINT', ENDPOINT).rstrip('/')}/{path}"
 
+    @property
+    def files(self) -> tuple[tuple[str, str, str | None], ...]:
+        """Its files: (path under the endpoint, name in the download folder, SHA-256 where known), in its format's
+        order."""
+        return (self.options_path, "options.json", None), (self.weights_path, "weights.hdf5", self.weights_sha256)
+
+    @property
+    def format(self) -> WeightFormat:
+        return original_format.FORMAT
+
+    def describe_source(self) -> str:
+        return (f"The published ELMo model `{self.name}` ({self.description}), converted from AllenNLP's "
+                f"`{self.url(self.options_path)}` and `{self.url(self.weights_path)}`.")
+
 
 @dataclass(frozen=True)
 class EfmlPublishedModel:
@@ -101,6 +118,19 @@ class EfmlPublishedModel:
 
     def url(self, path: str) -> str:
         return f"{os.environ.get('ELMO_EFML_ENDPOINT', NLPL_ENDPOINT).rstrip('/')}/{path}"
+
+    @property
+    def files(self) -> tuple[tuple[str, str, str | None], ...]:
+        """Its one archive (see `PublishedModel.files`)."""
+        return ((self.archive_path, "model.zip", None),)
+
+    @property
+    def format(self) -> WeightFormat:
+        return efml_format.FORMAT
+
+    def describe_source(self) -> str:
+        return (f"The published ELMo model `{self.name}` ({self.description}), converted from "
+                f"`{self.url(self.archive_path)}`.")
 
 
 def _allennlp(name: str, architecture: str, description: str) -> PublishedModel:
@@ -157,11 +187,9 @@ def published_model(name: str, progress: bool = True) -> str:
     if is_offline_mode():
         raise PublishedModelError(f"the published model {name!r} is not in the cache ({converted}) and the Hub is "
                                   f"offline (HF_HUB_OFFLINE=1): use it once online, or {_by_hand(model)}")
-    if not isinstance(model, EfmlPublishedModel):
-        from .original_format import require_h5py
-
+    if model.format is original_format.FORMAT:
         try:
-            require_h5py(f"the published model {name!r} is converted from its .hdf5 weights, which")
+            original_format.require_h5py(f"the published model {name!r} is converted from its .hdf5 weights, which")
         except ImportError as error:
             raise PublishedModelError(str(error)) from None
     try:
@@ -173,16 +201,10 @@ def published_model(name: str, progress: bool = True) -> str:
             if progress:
                 tqdm.write(f"The published ELMo model {name!r} is downloaded and converted once, into {directory}",
                            file=sys.stderr)
-            if isinstance(model, EfmlPublishedModel):
-                archive = _download(model, model.archive_path, download / "model.zip", None, progress)
-                _convert(name, model, (archive,), converted, progress)
-                archive.unlink()  # the converted directory holds the same numbers
-            else:
-                options = _download(model, model.options_path, download / "options.json", None, progress)
-                weights = _download(model, model.weights_path, download / "weights.hdf5", model.weights_sha256,
-                                    progress)
-                _convert(name, model, (options, weights), converted, progress)
-                weights.unlink()  # the converted directory holds the same numbers
+            files = tuple(_download(model, remote, download / local, sha256, progress)
+                          for remote, local, sha256 in model.files)
+            _convert(name, model, files, converted, progress)
+            files[-1].unlink()  # the weights: the converted directory holds the same numbers
     except OSError as error:  # the cache directory itself: permissions, a full disk
         raise PublishedModelError(f"cannot write the published model {name!r} into {directory}: "
                                   f"{error.strerror or error} (HF_HUB_CACHE sets where the cache is)") from None
@@ -191,10 +213,8 @@ def published_model(name: str, progress: bool = True) -> str:
 
 def _by_hand(model: PublishedModel | EfmlPublishedModel) -> str:
     """How to get `model` without this package's download: its files, converted by `elmo convert`."""
-    if isinstance(model, EfmlPublishedModel):
-        return f"download {model.url(model.archive_path)}, run `elmo convert ZIP DIR` and give DIR as the model"
-    return (f"download {model.url(model.options_path)} and {model.url(model.weights_path)}, run `elmo convert OPTIONS "
-            "WEIGHTS DIR` and give DIR as the model")
+    urls = " and ".join(model.url(remote) for remote, _, _ in model.files)
+    return f"download {urls}, run `elmo convert {model.format.usage} DIR` and give DIR as the model"
 
 
 def _download(
@@ -270,19 +290,11 @@ def _convert(
     removed (the next use downloads it again)."""
     staging = converted.with_name(converted.name + ".incomplete")
     shutil.rmtree(staging, ignore_errors=True)
+    # ELMoForManyLangs' raw text is split by spaCy's tokenizer of its language; AllenNLP's models keep the default.
+    word_tokenizer = f"spacy:{spacy_language(model.language)}" if isinstance(model, EfmlPublishedModel) else None
     try:
-        if isinstance(model, EfmlPublishedModel):
-            from .efml_format import convert_efml
-
-            convert_efml(files[0], staging, source=f"The published ELMo model `{name}` ({model.description}), "
-                         f"converted from `{model.url(model.archive_path)}`.",
-                         word_tokenizer=f"spacy:{spacy_language(model.language)}")
-        else:
-            from .original_format import convert
-
-            convert(*files, staging, source=f"The published ELMo model `{name}` ({model.description}), "
-                    f"converted from AllenNLP's `{model.url(model.options_path)}` and "
-                    f"`{model.url(model.weights_path)}`.", progress=progress)
+        model.format.convert(files, staging, source=model.describe_source(), word_tokenizer=word_tokenizer,
+                             progress=progress)
     except (OSError, ValueError) as error:
         shutil.rmtree(staging, ignore_errors=True)
         for file in files:

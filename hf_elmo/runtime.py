@@ -9,6 +9,7 @@
 - Precision: `reduced_precision` / `mixed_precision`, the one autocast dtype of inference on each device (float32 on
   a CPU without native bf16, where bf16 is several times slower: one `HostWarning` says so).
 - Warnings about the host (`warn`, `HostWarning`), attributed to the user's line, not to a library's.
+- Transfers: `host_index`, integers made on the host as a device index without a wait.
 - Memory: `halve_on_out_of_memory` reruns a batch the GPU has no memory for in halves (the biLM's rows never depend
   on each other); one sentence that does not fit alone is `OutOfDeviceMemoryError`, one line that says what to do.
 
@@ -207,6 +208,19 @@ def mixed_precision(device: torch.device | str, enabled: bool = True) -> context
     """`torch.autocast` on `device` in `inference_dtype(device, enabled)`; nothing where that is float32."""
     dtype = inference_dtype(device, enabled)
     return contextlib.nullcontext() if dtype is None else torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+# -- transfers ---------------------------------------------------------------------------------------------------
+
+
+def host_index(values: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Integers made on the host (a sequence, or a CPU tensor) as an index on `device`. To a GPU from page-locked
+    memory without waiting: a plain `torch.tensor(values, device=...)` is a copy the host waits for."""
+    index = torch.as_tensor(values, dtype=torch.long)
+    if device.type == "cpu":
+        return index
+    return (index.pin_memory() if device.type == "cuda" and torch.cuda.is_available() else index).to(
+        device, non_blocking=True)
 
 
 # -- device memory -----------------------------------------------------------------------------------------------

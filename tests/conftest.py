@@ -80,10 +80,10 @@ def tiny_model(tiny_model_dir):
 @pytest.fixture(scope="session")
 def allennlp_model_dir(tmp_path_factory) -> Path:
     """The tiny real model of AllenNLP's test fixtures, converted."""
-    from hf_elmo.original_format import convert
+    from hf_elmo.original_format import FORMAT
 
     options, weights = require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5")
-    return convert(options, weights, tmp_path_factory.mktemp("allennlp-elmo"))
+    return FORMAT.convert([options, weights], tmp_path_factory.mktemp("allennlp-elmo"))
 
 
 @pytest.fixture(scope="session")

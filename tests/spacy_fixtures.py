@@ -20,9 +20,9 @@ WIDTH, N_LAYERS = 32, 3
 
 def convert_fixture(directory: Path) -> Path:
     """The AllenNLP fixture biLM as an `elmo convert` directory."""
-    from hf_elmo.original_format import convert
+    from hf_elmo.original_format import FORMAT
 
-    return convert(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"), directory)
+    return FORMAT.convert([require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5")], directory)
 
 
 def elmo_pipeline(model_dir: Path, *, sentencizer: bool = False, **settings) -> spacy.Language:

@@ -194,7 +194,8 @@ def test_a_pickle_that_needs_more_than_tensors_is_refused_and_never_run(efml_dir
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "char.dic").unlink(), "is not an ELMoForManyLangs model directory or .zip"),
+    (lambda d: (d / "char.dic").unlink(), "is not a model of a format this package reads; expected OPTIONS_JSON "
+     "WEIGHTS_HDF5 (bilm-tf / AllenNLP); or MODEL_DIR_OR_ZIP (ELMoForManyLangs)"),
     (lambda d: (d / "config.json").write_text("{}"), "config.json is not an ELMoForManyLangs model's"),
     (lambda d: (d / "cnn_test.json").unlink(), "its configuration cnn_test.json is neither in the model's directory"),
     (lambda d: (d / "word.dic").write_text("no tab here\n"), "word.dic:1: expected an entry and its id"),
@@ -293,7 +294,7 @@ def test_an_unreachable_repository_is_one_line_naming_the_mirror_and_elmo_conver
         load_model("efml-zh")
     message = str(error.value)
     assert "\n" not in message and "127.0.0.1:9 cannot be reached" in message
-    assert all(way in message for way in ("ELMO_EFML_ENDPOINT=URL", "elmo convert ZIP DIR",
+    assert all(way in message for way in ("ELMO_EFML_ENDPOINT=URL", "elmo convert MODEL_DIR_OR_ZIP DIR",
                                           "download http://127.0.0.1:9/repository/11/179.zip"))
     assert "HF_HUB_OFFLINE" not in message  # nothing of it is in the cache: offline would not help
 

@@ -32,7 +32,7 @@ from hf_elmo.cards import (
     weights_source,
 )
 from hf_elmo.hub import push_to_hub
-from hf_elmo.original_format import convert
+from hf_elmo.original_format import FORMAT
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
@@ -41,7 +41,8 @@ TINY_SOURCE = "Random weights for the tests of the `elmo` project (`torch.manual
 CONVERTED_SOURCE = "Converted from the original weights `options.json` + `lm_weights.hdf5`."
 SENTENCES = [["The", "bank", "raised", "rates", "."], ["Élan", "naïve", "café", "日本", "—", "x" * 60], ["Hi"]]
 REMOTE_CODE = (
-    "configuration_elmo.py", "kernels.py", "modeling_elmo.py", "runtime.py", "text.py", "tokenization_elmo.py")
+    "configuration_elmo.py", "formulas.py", "inference_cache.py", "kernels.py", "modeling_elmo.py", "runtime.py",
+    "text.py", "tokenization_elmo.py")
 REPO_FILES = {
     ".gitattributes", "README.md", "added_tokens.json", "config.json", "model.safetensors", "tokenizer_config.json",
     *REMOTE_CODE,
@@ -58,7 +59,7 @@ def tiny_lm() -> tuple[ElmoForBidirectionalLM, ElmoCharTokenizer]:
 def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[ElmoModel, ElmoCharTokenizer]:
     """The AllenNLP test biLM, converted into a directory (with its card) and loaded from there."""
     options, weights = require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5")
-    directory = convert(options, weights, tmp_path_factory.mktemp("converted"))
+    directory = FORMAT.convert([options, weights], tmp_path_factory.mktemp("converted"))
     return ElmoModel.from_pretrained(directory).eval(), ElmoCharTokenizer.from_pretrained(directory)
 
 

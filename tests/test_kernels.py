@@ -14,7 +14,7 @@ import torch
 from elmo_fixtures import SENTENCES, run, tiny_config
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel
-from hf_elmo.kernels import ElmoKernels, recurrence_for, uses_distinct_words, uses_onednn
+from hf_elmo.kernels import ElmoKernels, KernelPlan, cast, fused_lstms, recurrence_for, uses_onednn
 
 
 def test_chunked_computation_equals_unchunked(model, tokenizer):
@@ -120,9 +120,9 @@ def test_token_cache_gives_the_computed_vectors_and_follows_the_weights(tokenize
 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_the_kernels_char_cnn_is_the_blocks_convolution_max_pool_and_activation(activation):
-    """The kernels' char CNN (one matmul per filter width, the bias added after the max-pool, highway through
-    `linear`) against the block's own `forward` (`nn.Conv1d` with its bias, max over positions, activation): the
-    same values and gradients, the bias's included."""
+    """The kernels' char CNN (distinct words grouped by length, each cut after the positions it uses) against the
+    block's own `forward` (every character slot of every position): the same values and gradients, the bias's
+    included."""
     torch.manual_seed(0)
     model = ElmoModel(tiny_config(activation=activation)).train()
     cnn = model.char_cnn
@@ -132,7 +132,8 @@ def test_the_kernels_char_cnn_is_the_blocks_convolution_max_pool_and_activation(
                                    add_special_tokens=False, return_tensors="pt")["input_ids"]
     mask = torch.ones(char_ids.shape[:2], dtype=torch.bool)
     reference = cnn(char_ids, mask)
-    output = ElmoKernels(ElmoKernelOptions(), char_ids, [4]).token_representations(cnn.weights(), char_ids, mask)
+    kernels = ElmoKernels(ElmoKernelOptions(), char_ids, [4], None, list(cnn.parameters()))
+    output = kernels.token_representations(cnn.weights(), char_ids, mask)
     torch.testing.assert_close(output, reference, rtol=0, atol=1e-6)
     weights = list(cnn.parameters())
     for got, expected in zip(torch.autograd.grad(output.square().sum(), weights),
@@ -198,7 +199,8 @@ def test_char_cnn_reads_words_in_groups_of_similar_length_without_changing_value
                                    return_tensors="pt")["input_ids"][0]
     used = [min(50, len(word) + 2 + weights.widest_filter) for word in words]  # the word, its markers, one window
     assert _used_positions(char_ids, weights.widest_filter, weights.padding_char_id).tolist() == used
-    kernels = ElmoKernels(ElmoKernelOptions(char_cnn_chunk=chunk), char_ids, [len(char_ids)])
+    kernels = ElmoKernels(ElmoKernelOptions(char_cnn_chunk=chunk), char_ids, [len(char_ids)], None,
+                          list(model.parameters()))
     calls = []
     convolve = kernels._convolve
     kernels._convolve = lambda weights, ids: calls.append(ids) or convolve(weights, ids)
@@ -245,7 +247,7 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(toke
     before = both_paths()
     layer, highway = model.bilstm.layers[0], model.char_cnn.highway.layers[0]
     packed = [w for lstm in model.bilstm.layers for w in (lstm.recurrent_weight, lstm.projection_weight)]
-    assert {key for key, _ in cache._packed} == ({id(w) for w in packed} if onednn_available() else set())
+    assert {key for key, _ in cache._forms} == ({id(w) for w in packed} if onednn_available() else set())
     with torch.no_grad():
         layer.recurrent_weight.mul_(1.5)  # in place: the packed copy must follow
         highway.weight.mul_(1.5)
@@ -255,7 +257,7 @@ def test_onednn_path_matches_plain_float32_and_repacks_after_weight_changes(toke
         layer.projection_weight.data = layer.projection_weight.data * 0.5  # replaced, as some optimizers do
     both_paths()
     cache.clear()  # after changes torch cannot see (NumPy views): repacked on the next call
-    assert cache._packed == {}
+    assert cache._forms == {}
     both_paths()
 
 
@@ -279,7 +281,7 @@ def test_bf16_autocast_packs_the_weights_where_onednn_can_and_stays_close_to_flo
     with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         float32 = model(**encoded, inference_cache=cache).hidden_states
-        assert {dtype for _, dtype in cache._packed} <= {torch.float32} and not caught
+        assert {dtype for _, dtype in cache._forms} <= {torch.float32} and not caught
         with torch.autocast("cpu", dtype=torch.bfloat16):
             packed = model(**encoded, inference_cache=cache).hidden_states
             line = sys._getframe().f_lineno - 1
@@ -289,7 +291,7 @@ def test_bf16_autocast_packs_the_weights_where_onednn_can_and_stays_close_to_flo
             other_float32_choice = model(**encoded).hidden_states
     emulated = [(w.filename, w.lineno) for w in caught if w.category is HostWarning and "emulated" in str(w.message)]
     assert emulated[:1] == ([] if cpu in ("avx512_bf16", "amx") else [(__file__, line)])
-    bf16_entries = [entry for (_, dtype), entry in cache._packed.items() if dtype == torch.bfloat16]
+    bf16_entries = [entry for (_, dtype), entry in cache._forms.items() if dtype == torch.bfloat16]
     # 3 weights of 2 LSTM layers, the 2 highway layers and the projection, packed once (each LSTM weight per direction).
     packs = pretended.cpu.bf16_packing and onednn_available()
     assert len(bf16_entries) == (9 if packs else 0) and packed_by_the_cache == (15 if packs else 0)
@@ -323,10 +325,10 @@ def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer)
     with torch.no_grad():
         without_cache = model(**one).hidden_states
         with_cache = model(**one, inference_cache=cache).hidden_states
-        transposed = {key[0]: entry[2] for key, entry in cache._packed.items() if key[1] == "transposed"}
+        transposed = {key[0]: entry[2] for key, entry in cache._forms.items() if key[1] == "transposed"}
         assert transposed.keys() == {id(w) for w in step_weights}
         assert all(torch.equal(transposed[id(w)], w.mT) and transposed[id(w)].is_contiguous() for w in step_weights)
-        assert len(cache._packed) == 4
+        assert len(cache._forms) == 4
         model.bilstm.layers[0].recurrent_weight.mul_(1.5)  # in place: the copy must follow
         changed = model(**one).hidden_states
         changed_with_cache = model(**one, inference_cache=cache).hidden_states
@@ -335,7 +337,7 @@ def test_single_row_steps_give_the_same_vectors_through_either_matmul(tokenizer)
     for a, b in [*zip(without_cache, with_cache), *zip(changed, changed_with_cache)]:
         assert (a - b).abs().max() <= 1e-6
     assert (changed[1] - without_cache[1]).abs().max() > 1e-3
-    assert len(cache._packed) == 4 + (4 if onednn_available() else 0)
+    assert len(cache._forms) == 4 + (4 if onednn_available() else 0)
 
 
 def _with_empty_row(encoded):
@@ -397,15 +399,17 @@ def test_the_fused_lstm_reads_unsorted_padded_rows_as_the_step_loop(tokenizer):
 
 
 def test_fused_lstm_mode_defaults_to_exactness():
+    """Whether cuDNN's LSTM computes a layer exactly is its weights' property (no clipping)."""
     torch.manual_seed(0)
-    clipped, unclipped = ElmoModel(tiny_config()), ElmoModel(tiny_config(cell_clip=None, proj_clip=None))
-    assert clipped.bilstm.clipped and not unclipped.bilstm.clipped
+    clipped = ElmoModel(tiny_config()).bilstm.layers[0].weights()
+    unclipped = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).bilstm.layers[0].weights()
+    assert not clipped.fused_exact and unclipped.fused_exact
     cpu, cuda, options = torch.device("cpu"), torch.device("cuda"), ElmoKernelOptions()
-    assert recurrence_for(options, cpu, clipped=False) == recurrence_for(options, cpu, clipped=True) == "steps"
-    assert recurrence_for(options, torch.device("meta"), clipped=False) == "steps"  # auto: CUDA only
-    assert recurrence_for(options, cuda, clipped=False) == "fused" and recurrence_for(options, cuda, True) == "steps"
-    assert recurrence_for(ElmoKernelOptions(fused_lstm="always"), cpu, clipped=True) == "fused"
-    assert recurrence_for(ElmoKernelOptions(fused_lstm="never"), cuda, clipped=False) == "steps"
+    assert recurrence_for(options, cpu, unclipped) == recurrence_for(options, cpu, clipped) == "steps"
+    assert recurrence_for(options, torch.device("meta"), unclipped) == "steps"  # auto: CUDA only
+    assert recurrence_for(options, cuda, unclipped) == "fused" and recurrence_for(options, cuda, clipped) == "steps"
+    assert recurrence_for(ElmoKernelOptions(fused_lstm="always"), cpu, clipped) == "fused"
+    assert recurrence_for(ElmoKernelOptions(fused_lstm="never"), cuda, unclipped) == "steps"
 
 
 @pytest.mark.cuda
@@ -417,7 +421,7 @@ def test_cudnn_lstm_on_gpu_matches_the_cpu_step_loop(monkeypatch, tokenizer):
     model = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).eval()
     _, cpu = run(model, tokenizer, SENTENCES)
     model.cuda()
-    assert recurrence_for(model.config.kernels(), torch.device("cuda"), model.bilstm.clipped) == "fused"
+    assert recurrence_for(model.config.kernels(), torch.device("cuda"), model.bilstm.layers[0].weights()) == "fused"
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt").to("cuda")
     with torch.no_grad():
         gpu = model(**encoded)
@@ -458,15 +462,16 @@ def test_the_char_cnn_on_every_position_gives_the_distinct_words_values_and_grad
     encoded = tokenizer(SENTENCES, is_split_into_words=True, padding=True, return_tensors="pt")
     options = {distinct: ElmoKernelOptions(distinct_words=distinct) for distinct in (True, False)}
     for distinct, chosen in options.items():
-        assert ElmoKernels(chosen, encoded["input_ids"], [1] * 4).every_position is not distinct
+        assert ElmoKernels(chosen, encoded["input_ids"], [1] * 4, None, []).plan.every_position is not distinct
     (layers, grad), (every_layers, every_grad) = (
         layers_and_gradient(model, encoded, options[distinct], lambda m: m.char_cnn.convs[2].weight)
         for distinct in (True, False))
     for a, b in zip(layers, every_layers):
         assert (a - b).abs().max() <= 1e-6
     assert (grad - every_grad).abs().max() <= 1e-5 * grad.abs().max()
-    assert uses_distinct_words(ElmoKernelOptions(), torch.device("cpu"))  # auto: distinct words on a CPU
-    assert not uses_distinct_words(ElmoKernelOptions(), torch.device("cuda"))
+    ids = encoded["input_ids"]
+    assert not KernelPlan.make(ElmoKernelOptions(), ids, []).every_position  # auto: distinct words on a CPU
+    assert KernelPlan.make(ElmoKernelOptions(distinct_words=False), ids, []).every_position
     with pytest.raises(ValueError, match="distinct_words must be True, False or 'auto'"):
         ElmoKernelOptions(distinct_words="gpu")
 
@@ -478,20 +483,20 @@ def test_the_cache_keeps_weights_cast_for_gpu_autocast_and_fused_lstms_in_that_d
     torch.manual_seed(0)
     layer = ElmoModel(tiny_config(cell_clip=None, proj_clip=None)).bilstm.layers[0]
     cache = ElmoInferenceCache()
-    cast = cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True)
-    assert cast.dtype == torch.bfloat16 and cast.shape == layer.recurrent_weight.mT.shape and cast.is_contiguous()
-    assert cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True) is cast  # made once
-    assert torch.equal(cast, layer.recurrent_weight.detach().mT.to(torch.bfloat16))
+    copy = cast(cache, layer.recurrent_weight, torch.bfloat16, transpose=True)
+    assert copy.dtype == torch.bfloat16 and copy.shape == layer.recurrent_weight.mT.shape and copy.is_contiguous()
+    assert cast(cache, layer.recurrent_weight, torch.bfloat16, transpose=True) is copy  # made once
+    assert torch.equal(copy, layer.recurrent_weight.detach().mT.to(torch.bfloat16))
     weights = layer.weights()  # a record made per call: the cache follows the parameters, not the record
-    lstms = cache.fused_lstms(weights, torch.bfloat16)
+    lstms = fused_lstms(cache, weights, torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for lstm in lstms for p in lstm.parameters())
-    assert cache.fused_lstms(layer.weights(), torch.bfloat16) is lstms and cache.fused_lstms(weights) is not lstms
+    assert fused_lstms(cache, layer.weights(), torch.bfloat16) is lstms and fused_lstms(cache, weights) is not lstms
     with torch.no_grad():
         layer.recurrent_weight.mul_(2.0)
-    assert not torch.equal(cache.cast_weight(layer.recurrent_weight, torch.bfloat16, transposed=True), cast)
-    assert cache.fused_lstms(layer.weights(), torch.bfloat16) is not lstms
+    assert not torch.equal(cast(cache, layer.recurrent_weight, torch.bfloat16, transpose=True), copy)
+    assert fused_lstms(cache, layer.weights(), torch.bfloat16) is not lstms
     inputs = torch.randn(5, 3, layer.input_weight.shape[-1])
-    for got, expected in zip(cache.fused_lstms(layer.weights(), torch.bfloat16), cache.fused_lstms(layer.weights())):
+    for got, expected in zip(fused_lstms(cache, layer.weights(), torch.bfloat16), fused_lstms(cache, layer.weights())):
         reference, _ = expected(inputs)
         output, _ = got(inputs.to(torch.bfloat16))
         assert (output.float() - reference).abs().max() <= 0.05 * reference.abs().max()

@@ -11,7 +11,8 @@ from elmo_fixtures import ALLENNLP, FIXTURE_MODELS, require, sentences, tiny_con
 from transformers import AutoModel, AutoTokenizer
 
 from hf_elmo import ElmoModel, load_model
-from hf_elmo.original_format import OriginalFormatError, convert, export_hdf5, model_from_original, original_layout
+from hf_elmo.formats import FormatError
+from hf_elmo.original_format import FORMAT, export_hdf5, model_from_original, original_layout
 
 
 def read_all(path):
@@ -25,7 +26,7 @@ def read_all(path):
 @pytest.mark.parametrize("name,model_dir,sentences_file", FIXTURE_MODELS, ids=[m[0] for m in FIXTURE_MODELS])
 def test_round_trip_is_bit_exact(tmp_path, name, model_dir, sentences_file):
     options, weights = require(model_dir / "options.json"), require(model_dir / "lm_weights.hdf5")
-    convert(options, weights, tmp_path / "model")
+    FORMAT.convert([options, weights], tmp_path / "model")
     options_out, weights_out = export_hdf5(load_model(tmp_path / "model"), tmp_path / "export" / "elmo_")
     original, exported = read_all(weights), read_all(weights_out)
     assert sorted(original) == sorted(exported)
@@ -38,7 +39,7 @@ def test_round_trip_is_bit_exact(tmp_path, name, model_dir, sentences_file):
 
 
 def test_converted_directory_loads_with_auto_classes(tmp_path):
-    out = convert(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"), tmp_path)
+    out = FORMAT.convert([require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5")], tmp_path)
     assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md"} <= {p.name for p in out.iterdir()}
     model, tokenizer = AutoModel.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
     assert model.config.use_skip_connections and model.config.n_highway == 2
@@ -121,7 +122,7 @@ def test_missing_dataset_names_it(original_copy):
     options, weights, *_ = original_copy
     with h5py.File(weights, "a") as handle:
         del handle["CNN_high_1/W_carry"]
-    with pytest.raises(OriginalFormatError, match=r"'CNN_high_1/W_carry' is missing \(expected shape \(124, 124\)\)"):
+    with pytest.raises(FormatError, match=r"'CNN_high_1/W_carry' is missing \(expected shape \(124, 124\)\)"):
         model_from_original(options, weights)
 
 
@@ -130,38 +131,38 @@ def test_wrong_shape_names_dataset_and_shapes(original_copy):
     with h5py.File(weights, "a") as handle:
         del handle["CNN_proj/b_proj"]
         handle["CNN_proj/b_proj"] = np.zeros(17, np.float32)
-    with pytest.raises(OriginalFormatError, match=r"'CNN_proj/b_proj' has shape \(17,\), options.json implies \(16,\)"):
+    with pytest.raises(FormatError, match=r"'CNN_proj/b_proj' has shape \(17,\), options.json implies \(16,\)"):
         model_from_original(options, weights)
 
 
 def test_options_that_do_not_match_the_weights(original_copy):
     options, weights, *_ = original_copy
     edit_options(options, lambda o: o["char_cnn"].update(n_highway=3))
-    with pytest.raises(OriginalFormatError, match="'CNN_high_2/W_carry' is missing"):
+    with pytest.raises(FormatError, match="'CNN_high_2/W_carry' is missing"):
         model_from_original(options, weights)
     edit_options(options, lambda o: o["char_cnn"].update(n_highway=1))
-    with pytest.raises(OriginalFormatError, match="unexpected dataset.*CNN_high_1/W_carry"):
+    with pytest.raises(FormatError, match="unexpected dataset.*CNN_high_1/W_carry"):
         model_from_original(options, weights)
     edit_options(options, lambda o: (o["char_cnn"].update(n_highway=2), o["lstm"].update(dim=32)))
-    with pytest.raises(OriginalFormatError, match=r"W_0' has shape \(32, 256\), options.json implies \(32, 128\)"):
+    with pytest.raises(FormatError, match=r"W_0' has shape \(32, 256\), options.json implies \(32, 128\)"):
         model_from_original(options, weights)
 
 
 def test_corrupt_and_missing_files(original_copy, tmp_path):
     options, weights, *_ = original_copy
     weights.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 10)
-    with pytest.raises(OriginalFormatError, match="not a readable HDF5 weight file"):
+    with pytest.raises(FormatError, match="not a readable HDF5 weight file"):
         model_from_original(options, weights)
-    with pytest.raises(OriginalFormatError, match="no such file"):
+    with pytest.raises(FormatError, match="no such file"):
         model_from_original(options, tmp_path / "nope.hdf5")
     options.write_text("{not json")
-    with pytest.raises(OriginalFormatError, match="not valid JSON"):
+    with pytest.raises(FormatError, match="not valid JSON"):
         model_from_original(options, weights)
     options.write_text(json.dumps({"lstm": {"dim": 4}}))
-    with pytest.raises(OriginalFormatError, match="word-input"):
+    with pytest.raises(FormatError, match="word-input"):
         model_from_original(options, weights)
     options.write_text(json.dumps({"char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4]]}, "lstm": {}}))
-    with pytest.raises(OriginalFormatError, match="missing required key 'char_cnn.max_characters_per_token'"):
+    with pytest.raises(FormatError, match="missing required key 'char_cnn.max_characters_per_token'"):
         model_from_original(options, weights)
 
 
@@ -169,5 +170,5 @@ def test_truncated_file_gives_a_clear_error(original_copy):
     options, weights, *_ = original_copy
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    with pytest.raises(OriginalFormatError, match="weights.hdf5"):
+    with pytest.raises(FormatError, match="weights.hdf5"):
         model_from_original(options, weights)

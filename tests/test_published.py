@@ -25,7 +25,7 @@ import hf_elmo.published as published
 from hf_elmo import ModelLoadError, load_model, model_location
 from hf_elmo.allennlp import ElmoEmbedder as AllenNlpElmoEmbedder
 from hf_elmo.embed import ElmoEmbedder
-from hf_elmo.original_format import convert
+from hf_elmo.original_format import FORMAT
 
 NAME = "small"
 MODEL = published.PUBLISHED_MODELS[NAME]
@@ -52,8 +52,8 @@ def server(fixture_files, tmp_path, monkeypatch) -> Iterator[FileServer]:
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> Path:
     """`elmo convert` of the fixture weights."""
-    return convert(require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5"),
-                   tmp_path_factory.mktemp("converted"))
+    return FORMAT.convert([require(ALLENNLP / "options.json"), require(ALLENNLP / "lm_weights.hdf5")],
+                          tmp_path_factory.mktemp("converted"))
 
 
 def test_first_use_downloads_converts_and_keeps_no_hdf5_then_second_use_is_offline(server, converted, monkeypatch):
@@ -156,7 +156,8 @@ def test_an_unreachable_server_fails_at_once_in_one_short_line_that_says_what_to
         assert message.startswith(f"cannot download the published model '{NAME}': ") and "cannot be reached" in message
         assert "\n" not in message and len(message) < 500 and "resume" not in message
         # Nothing of it is in the cache (offline would not help): a mirror, or both files by hand, as offline says.
-        assert all(way in message for way in ("ELMO_PUBLISHED_ENDPOINT=URL", "elmo convert OPTIONS WEIGHTS DIR",
+        assert all(way in message for way in ("ELMO_PUBLISHED_ENDPOINT=URL",
+                                              "elmo convert OPTIONS_JSON WEIGHTS_HDF5 DIR",
                                               f"download {MODEL.url(MODEL.options_path)} and "
                                               f"{MODEL.url(MODEL.weights_path)}"))
         assert "HF_HUB_OFFLINE" not in message

@@ -179,7 +179,7 @@ def test_mixed_precision_on_a_cpu_predicts_in_bf16_where_native_else_float32_wit
     cache = elmo_shim(bf16_nlp.get_pipe("elmo").model).inference_cache
     if not native:
         np.testing.assert_array_equal(bf16, exact)
-        assert {form for _, form in cache._packed} <= {torch.float32}
+        assert {form for _, form in cache._forms} <= {torch.float32}
         return
     assert not np.array_equal(bf16, exact)
     assert np.abs(bf16 - exact).max() <= 0.02 * np.abs(exact).max()
@@ -187,7 +187,7 @@ def test_mixed_precision_on_a_cpu_predicts_in_bf16_where_native_else_float32_wit
     cosine = (flat_bf16 * flat_exact).sum(1) / np.linalg.norm(flat_bf16, axis=1) / np.linalg.norm(flat_exact, axis=1)
     assert cosine.min() > 0.999
     forms = {torch.bfloat16, ("cast", torch.bfloat16, False)}
-    assert {form for _, form in cache._packed} == (forms if onednn_available() else set())
+    assert {form for _, form in cache._forms} == (forms if onednn_available() else set())
 
 
 def test_docbin_round_trip_keeps_layers_and_restore_hooks_brings_vectors_back(nlp):

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..kernels import host_index
 from ..modeling_elmo import ElmoForBidirectionalLM, lm_loss, lm_target_index
+from ..runtime import host_index
 
 # Logits computed at once by the full softmax (rows x vocabulary), to bound the memory of evaluation.
 FULL_SOFTMAX_CHUNK = 1 << 24

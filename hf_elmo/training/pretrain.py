@@ -341,7 +341,7 @@ class Pretraining:
             "elmo-pretrain", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
         )
         elmo = lm.elmo
-        fused = recurrence_for(elmo.config.kernels(), accelerator.device, elmo.bilstm.clipped) == "fused"
+        fused = recurrence_for(elmo.config.kernels(), accelerator.device, elmo.bilstm.layers[0].weights()) == "fused"
         recurrence = "cuDNN's LSTM" if fused else "the step loop" + (
             " (cells or projections clipped: cuDNN's LSTM does not clip)" if accelerator.device.type == "cuda" else "")
         logger.info(f"{sum(p.numel() for p in lm.parameters()):,} parameters, vocabulary {len(self.vocabulary):,}, "
