@@ -21,7 +21,7 @@ from thinc.types import Floats3d
 from hf_elmo import DEFAULT_MODEL_NAME
 from hf_elmo.runtime import set_threads
 
-from .layers import ElmoListener, ensure_loaded, replace_listener, replace_listener_cfg, set_bilm_weights
+from .layers import ElmoListener, elmo_shim, replace_listener, replace_listener_cfg
 from .layers.bilm import empty_backprop
 from .vectors import mixed_layers, register_extensions, restore_hooks
 
@@ -145,6 +145,7 @@ class Elmo(TrainablePipe):
         # How Language.replace_listeners turns a listener into a standalone copy of this biLM (and its config).
         model.attrs["replace_listener"] = replace_listener
         model.attrs["replace_listener_cfg"] = partial(replace_listener_cfg, freeze=freeze)
+        elmo_shim(model).component = name
 
     @property
     def is_trainable(self) -> bool:
@@ -190,13 +191,12 @@ class Elmo(TrainablePipe):
             # can hang in its first torch op, and the workers share the cores; torch runs single-threaded there.
             set_threads(1)
             self._process = os.getpid()
-        ensure_loaded(self.model, self.name)  # a pipeline used before `nlp.initialize()` reads its weights here
         return self.model.predict(list(docs))
 
     def set_annotations(self, docs: Sequence[Doc], layers: list[Floats3d]) -> None:
         """Store each Doc's layers on the host, the default mix, and (as configured) hooks and `doc.tensor`."""
-        mix = self.default_mix_weights(self.model.get_dim("nL"))
         for doc, array in zip(docs, self._host_arrays(layers)):
+            mix = self.default_mix_weights(len(array))
             doc._.elmo_layers = array
             doc._.elmo_mix = mix
             if self.vector_hooks:
@@ -238,7 +238,6 @@ class Elmo(TrainablePipe):
         losses.setdefault(self.name, 0.0)
         if not self.listeners:
             return losses
-        ensure_loaded(self.model, self.name)
         docs = [eg.predicted for eg in examples]
         batch_id = ElmoListener.get_batch_id(docs)
         if self.freeze:
@@ -293,8 +292,7 @@ class Elmo(TrainablePipe):
         validate_get_examples(get_examples, "Elmo.initialize")
         self.frozen_cache.clear()
         if weights is not None:
-            set_bilm_weights(self.model, weights())
-        ensure_loaded(self.model, self.name)
+            elmo_shim(self.model).set_elmo(weights())
         self.model.initialize(X=[eg.predicted for eg in islice(get_examples(), 10)])
         n_layers, width = self.model.get_dim("nL"), self.model.get_dim("nO")
         for component, listeners in self.listener_map.items():

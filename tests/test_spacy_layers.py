@@ -13,7 +13,7 @@ from spacy_fixtures import N_LAYERS, WIDTH
 from thinc.api import Config, with_padded
 
 from spacy_elmo.architectures import elmo_bilm_v2, elmo_listener_v1, scalar_mix_v1, scalar_mix_v2, tok2vec_elmo_v1
-from spacy_elmo.layers import BiattentiveEncoder, ElmoListener, biattentive_encoder, elmo_shim, set_bilm_weights
+from spacy_elmo.layers import BiattentiveEncoder, ElmoListener, biattentive_encoder, elmo_shim
 from spacy_elmo.span_getters import configure_doc_spans, configure_sent_spans, configure_sentence_spans
 from spacy_elmo.weights import load_pretrained, random_bilm
 
@@ -324,24 +324,64 @@ def test_sentence_spans_find_sentences_for_the_biLM_without_annotating_the_doc()
         configure_sentence_spans(0)
 
 
-def test_bilm_layer_reads_its_weights_at_initialize_and_backpropagates_into_the_biLM(elmo_dir):
-    """As spacy-transformers' layers: the weights are read, and the dimensions set, in the layer's init; used before,
-    one line says what to do (the `elmo` component reads them itself: `ensure_loaded`)."""
+def test_bilm_layer_reads_its_weights_at_initialize_or_on_first_use_and_backpropagates_into_the_biLM(elmo_dir):
+    """The weights are read, and the dimensions set, in the layer's init; a layer used before reads them itself, once
+    (its forward is the one guard: the component, a standalone biLM and a v1 node rely on it)."""
     vocab = spacy.blank("en").vocab
-    bilm = elmo_bilm_v2(configure_sent_spans(200), name=str(elmo_dir), max_batch_tokens=8)
     docs = [Doc(vocab, words="The bank raised rates .".split()), Doc(vocab, words=[]), Doc(vocab, words=["Hi"])]
-    with pytest.raises(ValueError, match=r"used before its weights were read: call `nlp.initialize\(\)`"):
-        bilm.predict(docs)
-    assert elmo_shim(bilm).elmo is None and bilm.has_dim("nO") is None
-    bilm.initialize()
-    assert (bilm.get_dim("nO"), bilm.get_dim("nL")) == (WIDTH, N_LAYERS)
+    initialized = elmo_bilm_v2(configure_sent_spans(200), name=str(elmo_dir), max_batch_tokens=8)
+    assert elmo_shim(initialized).elmo is None and initialized.has_dim("nO") is None
+    initialized.initialize()
+    assert (initialized.get_dim("nO"), initialized.get_dim("nL")) == (WIDTH, N_LAYERS)
+    used = elmo_bilm_v2(configure_sent_spans(200), name=str(elmo_dir), max_batch_tokens=8)
+    first = used.predict(docs)
+    elmo = elmo_shim(used).elmo
+    assert elmo is not None and (used.get_dim("nO"), used.get_dim("nL")) == (WIDTH, N_LAYERS)
+    for a, b in zip(first, initialized.predict(docs), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    used.predict(docs)
+    assert elmo_shim(used).elmo is elmo  # read once
+    with pytest.raises(ValueError, match="its `name` is empty"):
+        elmo_bilm_v2(configure_sent_spans(200), name="").predict(docs)
+    bilm = initialized
     Ys, backprop = bilm.begin_update(docs)
     assert [Y.shape for Y in Ys] == [(N_LAYERS, 5, WIDTH), (N_LAYERS, 0, WIDTH), (N_LAYERS, 1, WIDTH)]
-    assert (bilm.get_dim("nO"), bilm.get_dim("nL")) == (WIDTH, N_LAYERS)
     elmo = elmo_shim(bilm).elmo
     assert all(p.grad is None for p in elmo.parameters())
     backprop([np.ones_like(Y) for Y in Ys])
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in elmo.bilstm.parameters())
+    assert bilm.predict([]) == []
+    assert [Y.shape for Y in bilm.predict([Doc(vocab, words=[" "])])] == [(N_LAYERS, 1, WIDTH)]  # no sentence at all
+
+
+def test_threads_using_a_biLM_before_its_weights_are_read_read_them_once(elmo_dir, monkeypatch):
+    import threading
+    import time
+
+    from spacy_elmo.layers import bilm as bilm_module
+
+    reads = []
+
+    def slow_load(name):
+        reads.append(name)
+        time.sleep(0.2)  # both threads are inside the guard by now
+        return load_pretrained(name)
+
+    monkeypatch.setattr(bilm_module, "load_pretrained", slow_load)
+    vocab = spacy.blank("en").vocab
+    bilm = elmo_bilm_v2(configure_sent_spans(200), name=str(elmo_dir))
+    outputs = [None, None]
+
+    def predict(i: int) -> None:
+        outputs[i] = bilm.predict([Doc(vocab, words="The bank raised rates .".split())])[0]
+
+    threads = [threading.Thread(target=predict, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert reads == [str(elmo_dir)]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
 
 
 def test_standalone_tok2vec_elmo_is_frozen_unless_asked(elmo_dir):
@@ -386,7 +426,7 @@ def test_weight_loaders_give_the_same_biLM(elmo_dir):
         load_pretrained(None)
     bilm = elmo_bilm_v2(configure_sent_spans(200))
     with pytest.raises(TypeError, match="ElmoModel"):
-        set_bilm_weights(bilm, "not a model")
+        elmo_shim(bilm).set_elmo("not a model")
 
 
 def bcn_reference(encoder: BiattentiveEncoder, text: torch.Tensor) -> torch.Tensor:
@@ -465,9 +505,7 @@ def test_elmo_torch_strip_boundaries_and_to_docs_are_the_model_on_each_row_and_b
     rows = SentenceBatches([3, 1], [sentences], [layers])
     stripped, strip_backprop = strip_boundaries()(rows, is_train=True)
     assert stripped.layers[0].shape == (N_LAYERS, 2, 2, WIDTH)
-    docs_layer = to_docs()
-    docs_layer.set_dim("nO", WIDTH)
-    docs_layer.set_dim("nL", N_LAYERS)
+    docs_layer = to_docs()  # its widths from the arrays
     outputs, docs_backprop = docs_layer(stripped, is_train=True)
     assert [o.shape for o in outputs] == [(N_LAYERS, 3, WIDTH), (N_LAYERS, 1, WIDTH)]
     np.testing.assert_array_equal(outputs[0][:, [0, 2]], layers[:, 0, 1:3])

@@ -10,7 +10,7 @@ import pytest
 import spacy
 import torch
 from spacy.training import Example
-from spacy_fixtures import DATA, WIDTH
+from spacy_fixtures import DATA, N_LAYERS, WIDTH
 from thinc.api import Adam, Config, fix_random_seed
 
 from hf_elmo import ElmoModel
@@ -266,6 +266,22 @@ def test_initialize_without_weights_raises_unless_random_weights_are_asked_for(e
     nlp = make_nlp(elmo_dir, weights=random_weights)
     nlp.initialize(lambda: examples)
     assert nlp("A random biLM.")._.elmo_layers.shape == (3, 4, WIDTH)
+
+
+def test_initialize_with_a_weights_loader_initializes_the_biLM_once(elmo_dir, examples, monkeypatch):
+    from thinc.api import Model
+
+    from spacy_elmo.layers import bilm as bilm_module
+
+    initialized, reads = [], []
+    initialize = Model.initialize
+    monkeypatch.setattr(Model, "initialize", lambda self, X=None, Y=None: (
+        initialized.append(self.name), initialize(self, X=X, Y=Y))[1])
+    monkeypatch.setattr(bilm_module, "load_pretrained", lambda name: reads.append(name))  # `name` is never read
+    nlp = make_nlp(elmo_dir)
+    nlp.initialize(lambda: examples)
+    assert initialized.count("elmo_bilm") == 1 and reads == []
+    assert nlp("Rates rose .")._.elmo_layers.shape == (N_LAYERS, 3, WIDTH)
 
 
 def test_listener_that_does_not_match_the_biLM_fails_at_initialize(elmo_dir, examples):

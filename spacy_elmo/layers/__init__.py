@@ -1,7 +1,7 @@
 """Thinc layers of the ELMo plugin: the biLM, the listener, the scalar mix, pooling help and the BCN encoder."""
 
 from .biattention import BiattentiveEncoder, biattentive_encoder
-from .bilm import ElmoShim, build_bilm, elmo_shim, ensure_loaded, set_bilm_weights, standalone_bilm
+from .bilm import ElmoShim, build_bilm, elmo_shim, standalone_bilm
 from .bilm_v1 import build_bilm_v1
 from .listener import ElmoListener, replace_listener, replace_listener_cfg
 from .pooling import at_least_one_row
@@ -16,10 +16,8 @@ __all__ = [
     "build_bilm",
     "build_bilm_v1",
     "elmo_shim",
-    "ensure_loaded",
     "replace_listener",
     "replace_listener_cfg",
     "scalar_mix",
-    "set_bilm_weights",
     "standalone_bilm",
 ]

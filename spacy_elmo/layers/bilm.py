@@ -12,13 +12,14 @@
 4. `strip_boundaries`: the `<S>`/`</S>` positions dropped;
 5. `to_docs`: each row's vectors put back at its tokens' places in its Doc's array.
 
-The weights are read in the layer's `init` (`nlp.initialize()`), which sets its dimensions; `ensure_loaded` does
-the same for a pipeline used before `initialize` (`nlp.add_pipe("elmo")` then `nlp(text)`). `spacy-elmo.ElmoBiLM.v1`
-is in `bilm_v1.py`.
+The weights are read in the layer's `init` (`nlp.initialize()`), which sets its dimensions, or, for a layer used
+before (`nlp.add_pipe("elmo")` then `nlp(text)`), by its forward on first use: the one place they are read from
+`name`. `spacy-elmo.ElmoBiLM.v1` is in `bilm_v1.py`.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,10 +45,6 @@ from .pytorch import TorchShim, to_torch, to_xp
 
 # Where a lexicon model's lexicons are kept in the shim's saved config.
 LEXICONS_KEY = "tokenizer_lexicons"
-NOT_INITIALIZED_ERROR = (
-    "The ELMo biLM layer was used before its weights were read: call `nlp.initialize()` (or `model.initialize()`) "
-    "first, or use it through the `elmo` component, which reads them when first needed."
-)
 NO_WEIGHTS_ERROR = (
     "The ELMo biLM has no weights: its `name` is empty. Give its source: `\"default\"` (the English model shipped "
     "with the package), a directory or a Hub id, e.g. "
@@ -56,6 +53,8 @@ NO_WEIGHTS_ERROR = (
     "(e.g. `@misc = \"spacy-elmo.PretrainedWeights.v1\"`, `\"spacy-elmo.AllenNLPWeights.v1\"`; "
     "`\"spacy-elmo.RandomWeights.v1\"` for an untrained biLM in tests)."
 )
+# Threads that use a pipeline before its weights are read wait for the first to read them.
+_READING_WEIGHTS = threading.Lock()
 
 
 class ElmoShim(TorchShim):
@@ -72,6 +71,8 @@ class ElmoShim(TorchShim):
     def __init__(self, name: str = "", mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
         super().__init__(None, mixed_precision=mixed_precision, grad_scaler=grad_scaler)
         self.name = name
+        # The pipeline component whose config gives `name` (set by the component), for the error without one.
+        self.component = "elmo"
         # The biLM's own tokenizer where it reads characters through lexicons (saved with the shim); else None, and
         # the byte tokenizer of its character slots.
         self.tokenizer: ElmoCharTokenizer | None = None
@@ -239,8 +240,6 @@ def elmo_torch(
 def batch_to_torch(model: Model, sentences: list[Sentence], is_train: bool) -> tuple[ArgsKwargs, Callable]:
     """The `ElmoBatch` of the sentences' words, on the biLM's device, as the model's keyword arguments."""
     shim: ElmoShim = model.shims[0]
-    if shim.elmo is None:
-        raise ValueError(NOT_INITIALIZED_ERROR)
     tokenizer = shim.tokenizer or char_tokenizer(shim.elmo.config.max_characters_per_token)
     # made on the host; the copy to a GPU does not wait for the device to finish what it is doing
     batch = tokenizer.batch([sentence.words for sentence in sentences]).to(model.shims[0].device, non_blocking=True)
@@ -338,7 +337,10 @@ def to_docs() -> Model[SentenceBatches, list[Floats3d]]:
 
 def to_docs_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tuple[list[Floats3d], Callable]:
     ops = model.ops
-    n_layers, width = model.get_dim("nL"), model.get_dim("nO")
+    if not rows.doc_lengths:
+        return [], lambda d_outputs: rows  # no Doc: no layers, no gradient
+    # the widths of the biLM's arrays; the layer's own dimensions only where no Doc had a sentence for it
+    n_layers, _, _, width = rows.layers[0].shape if rows.layers else (model.get_dim("nL"), 0, 0, model.get_dim("nO"))
     doc_starts = np.cumsum([0, *rows.doc_lengths])
     places = [_token_places(batch, doc_starts, ops) for batch in rows.batches]
     # One array of every Doc's tokens, filled by one gather per batch (a GPU gets a few kernels, never one per row).
@@ -355,8 +357,7 @@ def to_docs_forward(model: Model, rows: SentenceBatches, is_train: bool) -> tupl
             d_layers.append(d_batch)
         return replace(rows, layers=d_layers)
 
-    outputs = ops.xp.split(tokens, doc_starts[1:-1].tolist(), axis=1) if rows.doc_lengths else []
-    return outputs, backprop
+    return ops.xp.split(tokens, doc_starts[1:-1].tolist(), axis=1), backprop
 
 
 def _token_places(batch: list[Sentence], doc_starts: np.ndarray, ops: Any) -> tuple[Any, Any, Any]:
@@ -397,17 +398,26 @@ def build_bilm(
     bilm = elmo_torch(name, mixed_precision, grad_scaler)
     layers = [doc_sentences(get_spans), sentence_batches(max_batch_tokens), each_batch(bilm), strip_boundaries(),
               to_docs()]
-    return Model("elmo_bilm", chain_forward, init=bilm_init, layers=layers, dims={"nO": None, "nL": None},
+    return Model("elmo_bilm", bilm_forward, init=bilm_init, layers=layers, dims={"nO": None, "nL": None},
                  refs={"elmo_torch": bilm})
+
+
+def bilm_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
+    """The five layers in turn; a layer used before its init (no weights, or no dimensions: a saved v1 node's layers)
+    is initialized first."""
+    if elmo_shim(model).elmo is None or model.has_dim("nO") is not True:
+        bilm_init(model)
+    return chain_forward(model, docs, is_train)
 
 
 def bilm_init(model: Model, X: Any = None, Y: Any = None) -> None:
     """The weights from the shim's `name` unless set or loaded before, and the dimensions they give."""
     shim = elmo_shim(model)
-    if shim.elmo is None:
-        if not shim.name:
-            raise ValueError(NO_WEIGHTS_ERROR.format(component="elmo"))
-        shim.set_elmo(load_pretrained(shim.name))
+    with _READING_WEIGHTS:
+        if shim.elmo is None:
+            if not shim.name:
+                raise ValueError(NO_WEIGHTS_ERROR.format(component=shim.component))
+            shim.set_elmo(load_pretrained(shim.name))
     set_dims(model, shim.elmo.config)
 
 
@@ -426,23 +436,6 @@ def elmo_shim(model: Model) -> ElmoShim:
             if isinstance(shim, ElmoShim):
                 return shim
     raise ValueError(f"the model '{model.name}' holds no ELMo biLM")
-
-
-def set_bilm_weights(model: Model, elmo: ElmoModel) -> None:
-    """Put `elmo` into the biLM layer `model` (or a model holding one) and set the dimensions it gives."""
-    elmo_shim(model).set_elmo(elmo)
-    model.initialize()
-
-
-def ensure_loaded(model: Model, component: str = "elmo") -> ElmoModel:
-    """The biLM of `model` (a biLM layer or a model holding one), initialized first if it has no weights yet: for a
-    pipeline used before `nlp.initialize()` (`nlp.add_pipe("elmo")`, then `nlp(text)`)."""
-    shim = elmo_shim(model)
-    if shim.elmo is None:
-        if not shim.name:
-            raise ValueError(NO_WEIGHTS_ERROR.format(component=component))
-        model.initialize()
-    return shim.elmo
 
 
 def standalone_bilm(bilm: Model, freeze: bool = True, grad_factor: float = 1.0) -> Model[list[Doc], list[Floats3d]]:
@@ -466,8 +459,6 @@ def standalone_init(model: Model, X: Any = None, Y: Any = None) -> None:
 
 def standalone_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
     bilm = model.layers[0]
-    if elmo_shim(bilm).elmo is None:  # used before `nlp.initialize()`
-        ensure_loaded(model)
     if model.attrs["freeze"] or not is_train:
         return bilm.predict(docs), empty_backprop
     outputs, backprop_bilm = bilm(docs, is_train)

@@ -21,10 +21,7 @@ def build_bilm_v1(layers: Model[list[Doc], list[Floats3d]]) -> Model[list[Doc], 
 
 
 def bilm_v1_forward(model: Model, docs: Sequence[Doc], is_train: bool) -> tuple[list[Floats3d], Callable]:
-    layers = model.attrs["layers"].value
-    if layers.has_dim("nO") is None:  # a saved pipeline restores this node only: the layers take their dimensions
-        layers.initialize()
-    return layers(docs, is_train)
+    return model.attrs["layers"].value(docs, is_train)
 
 
 def bilm_v1_init(model: Model, X: Any = None, Y: Any = None) -> None:
