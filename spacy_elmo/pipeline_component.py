@@ -247,18 +247,19 @@ class Elmo(TrainablePipe):
             return losses
         outputs, backprop_bilm = self.model.begin_update(docs)
         d_outputs = [self.model.ops.alloc3f(*output.shape) for output in outputs]
+        squared = self.model.ops.alloc1f(1)  # the listeners' squared gradients, summed where they are (a GPU)
 
         def accumulate_gradient(one_d_outputs: list[Floats3d]) -> list:
             """Sum a listener's gradient in (all listeners but the last)."""
             for total, d in zip(d_outputs, one_d_outputs):
                 total += d
-            # the squared gradient, read once per listener (on a GPU, each read waits for the device)
-            losses[self.name] += float(sum((d**2).sum() for d in one_d_outputs))
+                squared[:] += (d**2).sum()
             return []
 
         def backprop(one_d_outputs: list[Floats3d]) -> list:
-            """The last listener's gradient: backpropagate the sum into the biLM."""
+            """The last listener's gradient: backpropagate the sum into the biLM; the loss read once per update."""
             accumulate_gradient(one_d_outputs)
+            losses[self.name] += float(self.model.ops.to_numpy(squared)[0])
             backprop_bilm(d_outputs)
             if sgd is not None:
                 self.finish_update(sgd)

@@ -15,13 +15,24 @@ classified as a GPU would see it:
   name: about one kernel launch each. A fused `nn.LSTM` (`torch._VF.lstm`) counts as one `cudnn_rnn`, forward and
   backward, as cuDNN runs it (the CPU computes it step by step behind it).
 
-CUDA autocast runs as on a GPU (`autocast(dtype)`; the code's own `torch.autocast("cuda")` is let through). Tensors a
-GPU would reject (a CPU tensor of more than one element next to a device tensor) fail as they would there.
-`fake_thinc()` stands thinc's arrays in for CuPy's: they cross to torch without a copy (DLPack on a GPU), and the
+Host waits seen besides the operations: `repr` / `str` / f-strings / logging of a device tensor (each formats its
+values on the host), `torch.allclose` and `torch.equal` (a bool back), `torch.cuda.synchronize()`. Inside the watch
+`torch.cuda.is_available()` is True, so the code's GPU-only branches run (`pin_memory()` gives the tensor itself, as
+pinned). CUDA autocast runs as on a GPU (`autocast(dtype)`; the code's own `torch.autocast("cuda")` is let through).
+Tensors a GPU would reject (a CPU tensor of more than one element next to a device tensor) fail as they would there.
+`fake_thinc()` stands thinc's arrays in for CuPy's (`DeviceArray`): they cross to torch without a copy (DLPack on a
+GPU), a host read of one (`int()`, `float()`, `bool()`, `.item()`, `.tolist()`, `repr`) is a host wait, and the
 project's own `ops.to_numpy` calls count as device -> host copies.
 
-What this cannot see: waits inside cuDNN, cuBLAS or CuPy themselves, the cost of a launch, and kernels that exist
-only on a GPU (TF32 matmuls, cuDNN's algorithm search).
+What stays invisible: waits inside cuDNN, cuBLAS or CuPy themselves; thinc's and spaCy's own CuPy kernels (NumPy
+computes them here, some through paths CuPy would not take); the cost of a launch; kernels that exist only on a GPU
+(TF32 matmuls, cuDNN's algorithm search); memory (sizes, fragmentation, out-of-memory); streams and their ordering
+(everything here runs in program order); the CUDA calls of torch.cuda's other functions (memory statistics, RNG
+states: the CPU build has none); and a host read of a "CuPy" array made outside thinc's `alloc` / `asarray` and the
+torch crossing (NumPy functions called directly on the host).
+
+It relies on private torch APIs (`_make_wrapper_subclass`, the Python PrivateUse1 backend, dispatch keys):
+`TORCH_RANGE` is the torch versions it was checked against; outside it a `DeviceWatch` fails with one line.
 """
 
 from __future__ import annotations
@@ -42,8 +53,10 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
+# The torch versions whose private APIs this module was checked against: [first, past the last).
+TORCH_RANGE = ((2, 13), (2, 14))
 aten = torch.ops.aten
 DEVICE = torch.device("cuda", 0)
 # Where the fake tensors live for torch's C++ side: PrivateUse1, set up as a Python backend with a device guard (the
@@ -52,12 +65,14 @@ BACKEND = "fakecuda"
 FAKE_DEVICE_TYPES = ("cuda", BACKEND)
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tuple(str(REPO / package) for package in ("hf_elmo", "spacy_elmo", "training"))
+# Libraries whose own reads of arrays `Event.project` leaves out (they compute on CuPy's arrays on a GPU).
+THIRD_PARTY_ARRAYS = ("/thinc/", "/spacy/")
 
 # Operations that make the host wait for the device whatever their arguments.
 SYNCHRONISING = {
     aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default, aten._unique.default,
     aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,
-    aten.unique_dim_consecutive.default, aten.equal.default, aten.bincount.default,
+    aten.unique_dim_consecutive.default, aten.equal.default, aten.allclose.default, aten.bincount.default,
 }
 # Operations that launch no kernel: allocations, metadata, tensors made on the host.
 NO_KERNEL = {
@@ -95,11 +110,30 @@ class FakeCuda(torch.Tensor):
         return self.elem.data_ptr()
 
     def __repr__(self) -> str:
+        """Its values, read on the host: `str`, f-strings and logging come here too."""
+        _record_host_read("device->host copy (repr)")
         return f"FakeCuda({self.elem!r})"
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _compute(func, args, kwargs or {}, None)
+
+
+def torch_problem(version: str = torch.__version__) -> str | None:
+    """Why this module cannot run on torch `version` (one line), or None inside `TORCH_RANGE`."""
+    release = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    first, past = TORCH_RANGE
+    if first <= release < past:
+        return None
+    return (f"tests/fake_cuda.py runs on torch >={'.'.join(map(str, first))},<{'.'.join(map(str, past))} (it uses "
+            f"torch's private APIs), not {version}: check it against this torch and widen TORCH_RANGE")
+
+
+def _record_host_read(op: str) -> None:
+    """A host read of device values, seen by the active `DeviceWatch` (none outside one)."""
+    watch = _get_current_dispatch_mode()
+    if isinstance(watch, DeviceWatch):
+        watch.record("sync", op, None)
 
 
 def fake_cuda(value: Any) -> Any:
@@ -135,8 +169,10 @@ class Event:
 def _origin() -> str:
     frames = [f for f in traceback.extract_stack() if not f.filename.endswith(("fake_cuda.py", "contextlib.py"))]
     project = [f for f in frames if f.filename.startswith(PROJECT)]
-    outside = [f for f in frames if "/torch/" not in f.filename]
-    frame = (project or outside or frames)[-1]
+    outside = [f for f in frames if not any(part in f.filename for part in ("/torch/", "/numpy/"))]
+    # thinc's and spaCy's own reads are theirs, even when the project's code called them
+    theirs = outside[-1:] if outside and any(part in outside[-1].filename for part in THIRD_PARTY_ARRAYS) else []
+    frame = (theirs or project or outside or frames)[-1]
     name = Path(frame.filename)
     shown = name.relative_to(REPO) if name.is_relative_to(REPO) else name.name
     return f"{shown}:{frame.lineno} ({frame.name})"
@@ -323,7 +359,7 @@ def _autocast_kernel(op: Any, policy: str) -> Callable:
 # fake device (test modules are imported before any test runs). Not beside a real GPU: a PrivateUse1 backend would
 # become torch's accelerator there (its pinned memory, its device guard), and the CUDA tests check the device itself.
 AVAILABLE = not torch.cuda.is_available()
-if AVAILABLE:
+if AVAILABLE and torch_problem() is None:
     _setup_backend()
 
 
@@ -409,7 +445,17 @@ class DeviceWatch(TorchDispatchMode):
         return sum(self.launches.values())
 
     def __enter__(self) -> DeviceWatch:
+        if problem := torch_problem():
+            import pytest
+
+            pytest.fail(problem, pytrace=False)
         stack = self._stack
+        # The code's GPU-only branches run: torch.cuda says a device is here.
+        stack.enter_context(mock.patch("torch.cuda.is_available", lambda: True))
+        stack.enter_context(mock.patch("torch.cuda.device_count", lambda: 1))
+        stack.enter_context(mock.patch("torch.cuda.current_device", lambda: 0))
+        stack.enter_context(mock.patch("torch.cuda.synchronize", lambda *a, **k: _record_host_read("synchronize")))
+        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", lambda self, *a, **k: self))
         # Tensors made from host data are made on the host, then copied (a copy this mode sees), as FakeTensor does.
         only_cpu = torch._C._only_lift_cpu_tensors()
         torch._C._set_only_lift_cpu_tensors(True)
@@ -451,38 +497,97 @@ def autocast(dtype: torch.dtype | None) -> Iterator[None]:
 
 
 def _to_torch(array: Any, requires_grad: bool = False) -> torch.Tensor:
-    tensor = FakeCuda(torch.from_numpy(array))
+    tensor = FakeCuda(torch.from_numpy(np.asarray(array).view(np.ndarray)))
     return tensor.requires_grad_() if requires_grad else tensor
 
 
 def _to_xp(tensor: torch.Tensor, ops: Any) -> Any:
     tensor = tensor.detach().contiguous()
-    return tensor.elem.numpy() if isinstance(tensor, FakeCuda) else tensor.numpy()
+    return _on_device(tensor.elem.numpy() if isinstance(tensor, FakeCuda) else tensor.numpy())
 
 
 def _optimizer_array(tensor: torch.Tensor) -> Any:
-    return tensor.elem.numpy() if isinstance(tensor, FakeCuda) else tensor.numpy()
+    return _on_device(tensor.elem.numpy() if isinstance(tensor, FakeCuda) else tensor.numpy())
+
+
+class DeviceArray(np.ndarray):
+    """A NumPy array standing in for a CuPy one: reading its values on the host is a host wait (a CuPy array copies
+    them from the device first). Elements and reductions stay `DeviceArray`s (0-d), as CuPy's do."""
+
+    def __getitem__(self, key: Any) -> Any:
+        value = super().__getitem__(key)
+        return value if isinstance(value, np.ndarray) else np.asarray(value).view(DeviceArray)
+
+    def __array_wrap__(self, array: np.ndarray, context: Any = None, return_scalar: bool = False) -> DeviceArray:
+        return np.asarray(array).view(DeviceArray)  # never a NumPy scalar: a result stays on the device
+
+    def argmax(self, *args: Any, **kwargs: Any) -> DeviceArray:
+        return np.asarray(super().argmax(*args, **kwargs)).view(DeviceArray)
+
+    def argmin(self, *args: Any, **kwargs: Any) -> DeviceArray:
+        return np.asarray(super().argmin(*args, **kwargs)).view(DeviceArray)
+
+    def _read(self, op: str) -> np.ndarray:
+        _record_host_read(f"device->host copy ({op} of a CuPy array)")
+        return self.view(np.ndarray)
+
+    def __int__(self) -> int:
+        return int(self._read("int"))
+
+    def __float__(self) -> float:
+        return float(self._read("float"))
+
+    def __bool__(self) -> bool:
+        return bool(self._read("bool"))
+
+    def __index__(self) -> int:
+        return self._read("index").__index__()
+
+    def item(self, *args: Any) -> Any:
+        return self._read("item").item(*args)
+
+    def tolist(self) -> Any:
+        return self._read("tolist").tolist()
+
+    def __repr__(self) -> str:
+        return repr(self._read("repr"))
+
+    def __format__(self, spec: str) -> str:
+        return format(self._read("format"), spec)
+
+
+def _on_device(value: Any) -> Any:
+    return value.view(DeviceArray) if isinstance(value, np.ndarray) and not isinstance(value, DeviceArray) else value
 
 
 class _DeviceNumpy:
-    """NumPy under another name: `ops.xp is numpy` is False, as for CuPy, so the project's code takes its GPU path."""
+    """NumPy under another name: `ops.xp is numpy` is False, as for CuPy, so the project's code takes its GPU path;
+    its functions give `DeviceArray`s (its ufuncs do, given one)."""
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(np, name)
+        value = getattr(np, name)
+        if isinstance(value, (np.ufunc, type)) or not callable(value):
+            return value
+        return functools.wraps(value)(lambda *args, **kwargs: pytree.tree_map_only(
+            np.ndarray, _on_device, value(*args, **kwargs)))
 
 
 @contextlib.contextmanager
 def fake_thinc(watch: DeviceWatch, ops: Any) -> Iterator[None]:
     """thinc's arrays stand in for CuPy's (`ops` is the NumpyOps instance the pipeline's models hold): `ops.xp` is not
-    NumPy, `to_torch` / `to_xp` cross to fake CUDA tensors without a copy (DLPack on a GPU), and `ops.to_numpy`
-    counts as a device -> host copy (thinc's and spaCy's own too: `Event.project` tells them apart)."""
+    NumPy, `ops.alloc` / `ops.asarray` and the torch crossings give `DeviceArray`s, `to_torch` / `to_xp` cross to
+    fake CUDA tensors without a copy (DLPack on a GPU), and `ops.to_numpy` counts as a device -> host copy (thinc's
+    and spaCy's own too: `Event.project` tells them apart)."""
     from spacy_elmo.layers import bilm, pytorch, scalar_mix
 
     to_numpy: Callable = ops.to_numpy
 
     def counted_to_numpy(data: Any, *args, **kwargs) -> np.ndarray:
         watch.record("sync", "ops.to_numpy (device->host copy)", None)
-        return to_numpy(data, *args, **kwargs)
+        return np.asarray(to_numpy(data, *args, **kwargs)).view(np.ndarray)
+
+    def on_device(method: Callable) -> Callable:
+        return lambda *args, **kwargs: _on_device(method(*args, **kwargs))
 
     with contextlib.ExitStack() as stack:
         for module in (pytorch, bilm, scalar_mix):
@@ -490,5 +595,7 @@ def fake_thinc(watch: DeviceWatch, ops: Any) -> Iterator[None]:
                 if hasattr(module, name):
                     stack.enter_context(mock.patch.object(module, name, function))
         stack.enter_context(mock.patch.object(ops, "to_numpy", counted_to_numpy))
+        for name in ("alloc", "asarray"):
+            stack.enter_context(mock.patch.object(ops, name, on_device(getattr(ops, name))))
         stack.enter_context(mock.patch.object(ops, "xp", _DeviceNumpy()))
         yield

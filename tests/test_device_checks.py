@@ -68,6 +68,13 @@ def test_the_fake_device_sees_every_kind_of_host_wait():
             "copy to the host": lambda: x.cpu(),
             "tolist": lambda: x.tolist(),
             "unique": lambda: torch.unique(x),
+            "repr": lambda: repr(x),
+            "str": lambda: str(x),
+            "f-string": lambda: f"{x}",
+            "logging": lambda: log_to_string(x),
+            "allclose": lambda: torch.allclose(x, x),
+            "equal": lambda: torch.equal(x, x),
+            "synchronize": lambda: torch.cuda.synchronize(),
         }
         for name, case in cases.items():
             with watch.recording():
@@ -83,6 +90,77 @@ def test_the_fake_device_sees_every_kind_of_host_wait():
             x[:3] + torch.ones(3)  # a GPU refuses a CPU operand too
         with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
             x.numpy()
+
+
+def log_to_string(value: object) -> str:
+    """`value` logged (formatted by a handler, as a configured logger does)."""
+    import io
+    import logging
+
+    stream = io.StringIO()
+    logger = logging.getLogger("fake_cuda_check")
+    logger.propagate = False  # formatted once: by this handler alone
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    try:
+        logger.warning("%s", value)
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+@on_fake_cuda
+def test_the_fake_device_runs_the_gpu_only_branches_and_sees_host_reads_of_cupy_arrays():
+    """Inside the watch `torch.cuda.is_available()` is True: `host_index` takes its pinned path (a transfer, no
+    wait). Under the fake thinc, thinc's arrays are CuPy's: a host read of one is a wait, arithmetic on it is not."""
+    from fake_cuda import DeviceArray, fake_thinc
+    from thinc.api import NumpyOps
+
+    from hf_elmo.runtime import host_index
+
+    assert not torch.cuda.is_available()
+    ops = NumpyOps()
+    with DeviceWatch() as watch, fake_thinc(watch, ops):
+        assert torch.cuda.is_available()
+        with watch.recording():
+            index = host_index([2, 0], DEVICE)
+        assert isinstance(index, FakeCuda) and watch.syncs == [] and len(watch.transfers) == 1
+        array = ops.alloc2f(2, 3) + ops.xp.arange(3, dtype="f")
+        reads = {
+            "int of max": lambda: int(array.max()),
+            "float of sum": lambda: float(array.sum()),
+            "python sum": lambda: float(sum((row**2).sum() for row in array)),
+            "element": lambda: float(array[1, 2]),
+            "bool": lambda: bool(array.any()),
+            "item": lambda: array.max().item(),
+            "tolist": lambda: array.tolist(),
+            "repr": lambda: repr(array),
+            "range": lambda: range(array.argmax()),
+        }
+        for name, read in reads.items():
+            with watch.recording():
+                read()
+            assert len(watch.syncs) == 1, (name, [str(e) for e in watch.syncs])
+        with watch.recording():
+            total = ops.alloc1f(1)
+            total[:] += (array**2).sum()
+            concatenated = ops.xp.concatenate([array, array])
+        assert watch.syncs == [] and isinstance(total, DeviceArray) and isinstance(concatenated, DeviceArray)
+        with watch.recording():
+            host = ops.to_numpy(total)
+        assert len(watch.syncs) == 1 and type(host) is np.ndarray and host[0] == pytest.approx(10.0)
+
+
+def test_the_fake_device_names_the_torch_it_runs_on_in_one_line(monkeypatch):
+    import fake_cuda
+
+    assert fake_cuda.torch_problem("2.13.0+cpu") is None
+    problem = fake_cuda.torch_problem("2.15.1")
+    assert problem == ("tests/fake_cuda.py runs on torch >=2.13,<2.14 (it uses torch's private APIs), not 2.15.1: "
+                       "check it against this torch and widen TORCH_RANGE")
+    monkeypatch.setattr(fake_cuda, "torch_problem", lambda: problem)
+    with pytest.raises(pytest.fail.Exception, match=r"not 2\.15\.1"):
+        DeviceWatch().__enter__()
 
 
 # -- the biLM ------------------------------------------------------------------------------------------------------
@@ -317,6 +395,10 @@ def test_on_a_gpu_a_pretraining_step_waits_for_nothing(dtype):
 def ner_pipeline():
     """The shipped NER config at toy widths (an unclipped random biLM, as the default model), initialized on a few
     CoNLL-style sentences; its torch modules and thinc's ops, to put on the fake device."""
+    return toy_ner_pipeline(freeze=True)
+
+
+def toy_ner_pipeline(freeze: bool) -> tuple:
     import spacy
     from bench_spacy_train import shrink_to_toy
     from spacy.training import Example
@@ -325,6 +407,7 @@ def ner_pipeline():
 
     config = make_config("ner")
     shrink_to_toy(config, "ner")
+    config["components"]["elmo"]["freeze"] = freeze
     nlp = spacy.util.load_model_from_config(config, auto_fill=True, validate=True)
     texts = ["Peter Blackburn visited Berlin on Monday .", "EU rejects German call to boycott British lamb .", "Hi",
              "The European Commission said on Thursday it disagreed with German advice to consumers ."]
@@ -387,6 +470,27 @@ def test_the_spacy_component_and_its_listeners_on_a_gpu_wait_once_per_batch_and_
             assert [e for e in watch.syncs if e.project] == [], (kind, [str(e) for e in watch.syncs])
             assert watch.launch_count <= SPACY_LAUNCHES[kind], (kind, watch.launches)
             assert np.isfinite(losses["ner"]) and losses["ner"] > 0
+
+
+@on_fake_cuda
+def test_fine_tuning_the_biLM_in_spacy_on_a_gpu_reads_the_loss_once_per_update():
+    """`nlp.update` with the biLM fine-tuned (`freeze = false`): the listeners' gradients summed on the device and
+    backpropagated into the biLM; the project's code reads back one number per update (the component's loss), where
+    each listener's squared gradient was read before."""
+    from fake_cuda import fake_thinc
+    from thinc.api import get_current_ops
+
+    nlp, _, examples, modules = toy_ner_pipeline(freeze=False)
+    optimizer = nlp.create_optimizer()
+    with DeviceWatch() as watch, fake_thinc(watch, get_current_ops()):
+        for module in modules:
+            fake_cuda(module)
+        for _ in range(2):
+            with watch.recording():
+                losses = nlp.update(examples, sgd=optimizer)
+            assert [(e.op, e.where.split(" ")[-1]) for e in watch.syncs if e.project] == [
+                ("ops.to_numpy (device->host copy)", "(backprop)")], [str(e) for e in watch.syncs]
+            assert losses["elmo"] > 0 and np.isfinite(losses["ner"])
 
 
 def test_on_cupy_the_pipelines_ops_scatter_with_add_at_not_the_deprecated_cupyx_call(monkeypatch):

@@ -70,13 +70,6 @@ def fresh_accelerate_state():
     reset_accelerate()
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def write_corpus(path: Path, lines: list[str]) -> Path:
     data = "".join(f"{line}\n" for line in lines).encode()
     path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
@@ -395,7 +388,7 @@ def toy_lm(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_the_toy_corpus_is_learned_to_perplexity_below_20_as_in_bilm_tf(toy_lm, one_thread):
+def test_the_toy_corpus_is_learned_to_perplexity_below_20_as_in_bilm_tf(toy_lm, one_torch_thread):
     result = runner.invoke(app, ["evaluate", str(toy_lm), str(TOY / "data.txt"), "--threads", "1"])
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)
@@ -471,7 +464,7 @@ def test_export_encoder_refuses_a_model_without_softmax(toy_lm, tmp_path):
 
 
 @pytest.mark.slow
-def test_fine_tuning_a_bilm_keeps_its_vocabulary_and_tokenizer(toy_lm, tmp_path, one_thread):
+def test_fine_tuning_a_bilm_keeps_its_vocabulary_and_tokenizer(toy_lm, tmp_path, one_torch_thread):
     domain = write_corpus(tmp_path / "domain.txt", ["neural networks make language models .", "a new word ."])
     output = train(parse_arguments([
         "--train_files", str(domain), "--init_model", str(toy_lm), "--output_dir", str(tmp_path / "tuned"),
@@ -517,7 +510,7 @@ def test_widened_lstm_cells_compute_the_same_function_and_the_new_cells_learn():
 
 
 @pytest.mark.slow
-def test_pretrain_grows_a_trained_bilm_and_refuses_other_architecture_changes(toy_lm, tmp_path, one_thread):
+def test_pretrain_grows_a_trained_bilm_and_refuses_other_architecture_changes(toy_lm, tmp_path, one_torch_thread):
     domain = write_corpus(tmp_path / "domain.txt", toy_lines())
     model_config = {**json.loads(TOY_MODEL), "lstm_dim": 24}  # the recipe's fields, one of them grown
     output = train(parse_arguments([
@@ -536,7 +529,7 @@ def test_pretrain_grows_a_trained_bilm_and_refuses_other_architecture_changes(to
 
 
 @pytest.mark.slow
-def test_dropout_of_a_continued_bilm_comes_from_the_recipe_and_then_from_dropout(toy_lm, tmp_path, one_thread):
+def test_dropout_of_a_continued_bilm_comes_from_the_recipe_and_then_from_dropout(toy_lm, tmp_path, one_torch_thread):
     """Dropout is a training setting: a recipe's `model_config` may set it for --init_model (a run continued with
     the recipe once failed because the trained model's dropout differed from the recipe's), --dropout overrides it."""
     domain = write_corpus(tmp_path / "domain.txt", toy_lines())
@@ -550,7 +543,7 @@ def test_dropout_of_a_continued_bilm_comes_from_the_recipe_and_then_from_dropout
     assert ElmoForBidirectionalLM.from_pretrained(from_flag).config.dropout == 0.25
 
 
-def test_an_encoder_without_softmax_gets_a_new_softmax_trained_first(tmp_path, one_thread):
+def test_an_encoder_without_softmax_gets_a_new_softmax_trained_first(tmp_path, one_torch_thread):
     torch.manual_seed(0)
     encoder = ElmoModel(ElmoConfig(**json.loads(TOY_MODEL)))
     encoder.save_pretrained(tmp_path / "encoder")
@@ -572,7 +565,7 @@ def test_an_encoder_without_softmax_gets_a_new_softmax_trained_first(tmp_path, o
     assert "with a new softmax" in (then_all / "README.md").read_text()
 
 
-def test_gradient_accumulation_and_bf16_autocast_on_cpu(tmp_path, one_thread):
+def test_gradient_accumulation_and_bf16_autocast_on_cpu(tmp_path, one_torch_thread):
     output = train(parse_arguments(toy_args(
         tmp_path, "--cpu", "--mixed_precision", "bf16", "--gradient_accumulation_steps", "2", "--max_steps", "3",
         "--batch_tokens", "60", "--num_sampled", "8",
@@ -636,7 +629,7 @@ def test_resume_after_sigkill_continues_exactly(tmp_path):
     assert after[0] and after[1] == after[0]
 
 
-def test_resume_refuses_damaged_and_pickled_checkpoints_in_one_line(tmp_path, one_thread):
+def test_resume_refuses_damaged_and_pickled_checkpoints_in_one_line(tmp_path, one_torch_thread):
     """A damaged file of a checkpoint is named; the pickled states of an earlier version are never unpickled."""
     import pickle
 
@@ -732,7 +725,7 @@ def test_pretrain_rejects_bad_arguments(tmp_path):
         parse_arguments([str(recipe)])
 
 
-def test_a_vocabulary_that_is_not_utf8_is_named_in_one_line(tmp_path, one_thread):
+def test_a_vocabulary_that_is_not_utf8_is_named_in_one_line(tmp_path, one_torch_thread):
     (tmp_path / "vocab.txt").write_bytes(b"<S>\n</S>\n<UNK>\nbank\n\xffrates\n")
     args = toy_args(tmp_path, "--max_steps", "1")
     args[args.index("--vocab_file") + 1] = str(tmp_path / "vocab.txt")
@@ -744,7 +737,7 @@ def test_a_vocabulary_that_is_not_utf8_is_named_in_one_line(tmp_path, one_thread
 
 @pytest.mark.slow
 def test_the_trained_directory_is_pushed_with_its_vocabulary_and_evaluated_from_the_hub(
-    toy_lm, fake_hub: FakeHub, tmp_path, one_thread
+    toy_lm, fake_hub: FakeHub, tmp_path, one_torch_thread
 ):
     from hf_elmo.hub import push_directory
     from hf_elmo.training.pretrain import NOT_UPLOADED
