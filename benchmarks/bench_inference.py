@@ -2,7 +2,7 @@
 
     python benchmarks/bench_inference.py [--threads 2] [--presets small,medium,original]
                                          [--allennlp-python /path/to/allennlp-venv/bin/python] [--matmuls mkl]
-                                         [--device cuda]
+                                         [--device cuda] [--bf16 | --int8]
 
 For each preset: tokens/s (words; `<S>`/`</S>` not counted) over `--sentences` sentences of `--length` words in
 batches of `--batch-size` (median of `--repeats` passes after a warm-up pass), and the latency of one 20-word
@@ -14,7 +14,9 @@ With `--allennlp-python` (or `$ALLENNLP_PYTHON`), AllenNLP's `_ElmoBiLm` runs th
 the ratios (to the cache-off figures), and the max abs difference of all layers of the first batch (both from the
 zero state). `--matmuls mkl` / `onednn` runs this project's float32 matmuls through `F.linear` (MKL) / oneDNN instead of
 the choice `ElmoKernelOptions(onednn="auto")` makes for this CPU; `--device cuda`
-runs both models on the GPU (AllenNLP's virtualenv then needs a CUDA build of torch).
+runs both models on the GPU (AllenNLP's virtualenv then needs a CUDA build of torch). `--bf16` / `--int8` add the
+project's bf16 / int8 mode beside its float32 (tokens/s and latency with their ratios to float32, max abs difference
+and minimum row cosine of the first batch's layers to float32; on random weights: the speed, not the quality).
 """
 
 from __future__ import annotations
@@ -66,6 +68,39 @@ def median_seconds(function, repeats: int, device: torch.device, warm_up: int = 
     return statistics.median(timings)
 
 
+def measure(mode: str | None, model: ElmoModel, batches: list[dict], single: dict, repeats: int, latency_calls: int,
+            device: torch.device, cache_tokens: bool = False) -> tuple[float, float, list[torch.Tensor]]:
+    """Seconds per pass over `batches` and per `single` sentence, and the first batch's layers, in `mode` (None:
+    float32, "bf16", "int8"), the weights' forms kept between calls (and the token representations with
+    `cache_tokens`, then only the seconds per pass)."""
+    cache = ElmoInferenceCache() if cache_tokens else ElmoInferenceCache(token_cache_size=0)
+    options = {"quantize": "int8"} if mode == "int8" else {}
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "bf16"):
+        seconds = median_seconds(lambda: [model(**b, inference_cache=cache, **options) for b in batches], repeats,
+                                 device)
+        if cache_tokens:
+            return seconds, 0.0, []
+        latency = median_seconds(lambda: model(**single, inference_cache=cache, **options), latency_calls, device,
+                                 warm_up=LATENCY_WARM_UP)
+        first = [layer.float().cpu() for layer in model(**batches[0], inference_cache=cache, **options).hidden_states]
+    return seconds, latency, first
+
+
+def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
+    """Bytes per second this machine reads from memory (a sum over `megabytes` of float32, median of `repeats`)."""
+    data = torch.ones(megabytes * 2**18)
+    data.sum()
+    return data.numel() * 4 / median_seconds(data.sum, repeats, torch.device("cpu"))
+
+
+def step_weights(model: ElmoModel) -> int:
+    """The weights one LSTM step of every layer reads (recurrent and projection weights of both directions): what
+    every position of a one-sentence call reads from memory, since a step's weights outgrow the caches."""
+    return sum(w.numel() for layer in model.bilstm.layers for w in (layer.weights().recurrent_weight,
+                                                                     layer.weights().projection_weight)
+               if w is not None)
+
+
 def run_allennlp(python: str, model_dir: Path, batches: list[dict], single: dict, threads: int, repeats: int,
                  latency_calls: int, work_dir: Path, device: torch.device) -> tuple[dict, list[np.ndarray]]:
     """AllenNLP's seconds per pass, single-sentence latency and first-batch layers, from its own virtualenv."""
@@ -91,9 +126,10 @@ def main() -> None:
                         help=f"timed single-sentence calls (median), after {LATENCY_WARM_UP} untimed ones")
     parser.add_argument("--allennlp-python", default=os.environ.get("ALLENNLP_PYTHON"))
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both models on it)")
-    parser.add_argument("--bf16", action="store_true", help="run this project's model under bf16 autocast (CPUs "
-                        "with AVX512-BF16 / AMX, GPUs) and add its max abs difference and minimum row cosine to its "
-                        "own float32 layers; AllenNLP stays float32")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--bf16", action="store_true", help="also run this project's model under bf16 autocast "
+                       "(CPUs with AVX512-BF16 / AMX, GPUs); AllenNLP stays float32")
+    modes.add_argument("--int8", action="store_true", help="also run this project's int8 mode (CPUs with AVX2)")
     parser.add_argument("--matmuls", choices=["auto", "onednn", "mkl"], default="auto",
                         help="this project's CPU float32 matmuls: ElmoKernelOptions' choice for this CPU (the "
                         "default), oneDNN or F.linear (MKL), to compare")
@@ -116,43 +152,47 @@ def main() -> None:
     n_tokens = args.sentences * args.length
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         f"float32 matmuls: {'oneDNN' if uses_onednn(options) and onednn_available() else 'F.linear (MKL)'}")
+    mode = "bf16" if args.bf16 else "int8" if args.int8 else None
     print(f"machine: {cpu_name()} {os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} threads; "
           f"{args.sentences} sentences x {args.length} words, batch {args.batch_size}; latency: 1 x 20 words; "
-          f"{where}{'; this project under bf16 autocast' if args.bf16 else ''}")
+          f"{where}{f'; this project also in {mode}' if mode else ''}")
     if not args.allennlp_python:
         print("AllenNLP columns skipped: AllenNLP is not installed here (pass --allennlp-python; see "
               "benchmarks/README.md)")
 
     header = f"{'preset':<9} {'tokens/s':>9} {'latency ms':>10} {'cached tok/s':>12}"
-    if args.bf16:
-        header += f" {'|diff| f32':>10} {'min cos':>8}"
+    if mode:
+        header += (f" {mode + ' tok/s':>10} {'ratio':>6} {mode + ' ms':>8} {'ratio':>6} {'|diff| f32':>10}"
+                   f" {'min cos':>8}")
     if args.allennlp_python:
         header += f" {'AllenNLP tok/s':>14} {'ratio':>6} {'AllenNLP ms':>11} {'ratio':>6} {'max |diff|':>10}"
     print(header)
+    ceilings: list[str] = []
     for name in args.presets.split(","):
         torch.manual_seed(0)
         model = ElmoModel(ElmoConfig.from_preset(name)).eval().to(device)
         model.config.kernel_options = asdict(options)
-        # Packed LSTM weights kept between calls; token representations too in the "cached" column.
-        packed_only, cached = ElmoInferenceCache(token_cache_size=0), ElmoInferenceCache()
-        with torch.inference_mode():
-            float32_first = [layer.cpu() for layer in model(**device_batches[0]).hidden_states]
-        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            seconds = median_seconds(
-                lambda m=model, c=packed_only: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
-            )
-            latency = median_seconds(lambda m=model, c=packed_only: m(**device_single, inference_cache=c),
-                                     args.latency_calls, device, warm_up=LATENCY_WARM_UP)
-            ours_first = [layer.float().cpu() for layer in model(**device_batches[0]).hidden_states]
-            cached_seconds = median_seconds(
-                lambda m=model, c=cached: [m(**b, inference_cache=c) for b in device_batches], args.repeats, device
-            )
+
+        run = dict(model=model, batches=device_batches, single=device_single, repeats=args.repeats,
+                   latency_calls=args.latency_calls, device=device)
+        seconds, latency, ours_first = measure(None, **run)
+        cached_seconds, _, _ = measure(None, **run, cache_tokens=True)
         row = f"{name:<9} {n_tokens / seconds:>9.0f} {latency * 1e3:>10.1f} {n_tokens / cached_seconds:>12.0f}"
-        if args.bf16:  # over the rows of real words (boundaries and padding included: every row is a word here)
-            bf16_difference = max(float((a - b).abs().max()) for a, b in zip(ours_first, float32_first))
+        if mode:  # side by side with float32; over every row (boundaries and padding included: every row is a word)
+            mode_seconds, mode_latency, mode_first = measure(mode, **run)
+            if mode == "int8":
+                positions, bandwidth = device_single["input_ids"].shape[1], read_bandwidth()
+                bound = [positions * step_weights(model) * size / bandwidth for size in (4, 1)]
+                ceilings.append(f"{name}: {step_weights(model) * 4 / 1e6:.0f} MB float32 / "
+                                f"{step_weights(model) / 1e6:.0f} MB int8 of step weights per position, {positions} "
+                                f"positions at {bandwidth / 1e9:.1f} GB/s: latency >= {bound[0] * 1e3:.1f} / "
+                                f"{bound[1] * 1e3:.1f} ms; measured {latency / bound[0]:.2f} / "
+                                f"{mode_latency / bound[1]:.2f} times that")
+            difference = max(float((a - b).abs().max()) for a, b in zip(mode_first, ours_first))
             cosine = min(float(torch.cosine_similarity(a.flatten(0, -2), b.flatten(0, -2), dim=-1).min())
-                         for a, b in zip(ours_first, float32_first))
-            row += f" {bf16_difference:>10.2e} {cosine:>8.5f}"
+                         for a, b in zip(mode_first, ours_first))
+            row += (f" {n_tokens / mode_seconds:>10.0f} {seconds / mode_seconds:>6.2f} {mode_latency * 1e3:>8.1f}"
+                    f" {latency / mode_latency:>6.2f} {difference:>10.2e} {cosine:>8.5f}")
         if args.allennlp_python:
             with tempfile.TemporaryDirectory() as folder:
                 model.save_pretrained(Path(folder) / "model")
@@ -163,6 +203,8 @@ def main() -> None:
             row += (f" {n_tokens / theirs['seconds']:>14.0f} {theirs['seconds'] / seconds:>6.2f}"
                     f" {theirs['latency'] * 1e3:>11.1f} {theirs['latency'] / latency:>6.2f} {difference:>10.2e}")
         print(row, flush=True)
+    for line in ceilings:
+        print(f"memory-bound ceiling of the latency, {line}")
 
 
 if __name__ == "__main__":

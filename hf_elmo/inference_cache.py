@@ -26,9 +26,10 @@ class ElmoInferenceCache:
 
     - token representations (char CNN, highway, projection) of the `token_cache_size` most recently seen distinct
       words (0: none), so frequent words skip the char CNN. Used only for calls without gradient through the char
-      CNN; emptied whenever a char-CNN weight, the device, the dtype or the autocast setting changes.
+      CNN; emptied whenever a char-CNN weight, the device, the dtype, the autocast setting or the int8 mode changes.
     - forms of the weights the kernels read faster than the parameters themselves (`derived`: packed for oneDNN,
-      transposed, cast to an autocast dtype, cuDNN's flat layout), made once and again whenever a weight changes.
+      transposed, cast to an autocast dtype, in int8, cuDNN's flat layout), made once and again whenever a weight
+      changes.
 
     Changes the weights' version counters and addresses show are followed; after changes made outside torch (e.g.
     through a NumPy view of their memory) call `clear()`. Thread-safe: callers in several threads may share one
@@ -63,15 +64,19 @@ class ElmoInferenceCache:
             self._forms.clear()
 
     def token_representations(
-        self, char_ids: torch.Tensor, parameters: Sequence[torch.Tensor], embed: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        char_ids: torch.Tensor,
+        parameters: Sequence[torch.Tensor],
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        int8: bool = False,
     ) -> torch.Tensor:
         """(words, chars) distinct words' ids → `embed(ids)` (words, width), reading and filling the cache;
-        `parameters` are those `embed` depends on."""
+        `parameters` are those `embed` depends on, `int8` whether it computes in the int8 mode."""
         if self.token_cache_size == 0 or not len(char_ids):
             return embed(char_ids)
         device = char_ids.device.type
         autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        state = (autocast, weights_state(parameters))
+        state = (autocast, int8, weights_state(parameters))
         keys = [row.tobytes() for row in char_ids.cpu().numpy()]
         with self._lock:
             if state != self._tokens_state:

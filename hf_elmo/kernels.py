@@ -11,13 +11,13 @@ The kernels read each block's weights as a record (`CharCnnWeights`, `LstmWeight
 - `ElmoKernels.lstm`: one biLSTM layer through the plan's recurrence: the step loop over the rows still active (both
   directions per step, its weights packed for oneDNN or transposed), or `nn.LSTM` (cuDNN on a GPU, its weights kept
   in cuDNN's flat layout by the cache). Each sorts the rows as it needs them.
-- `linear`: a matmul as the plan says: oneDNN (a packed weight, or float32 without gradient where this torch build has
-  it), else `F.linear`.
+- `linear`: a matmul as the plan says: int8 (`Int8Weight`, the opt-in int8 mode), oneDNN (a packed weight, or
+  float32 without gradient where this torch build has it), else `F.linear`.
 
 What inference keeps between calls is the caller's `ElmoInferenceCache` (`inference_cache.py`). None of this changes
 the function computed beyond float32 rounding, except the fused LSTM on a model that clips (opt-in:
-`fused_lstm="always"`) and the bf16 mode (opt-in: the caller's `torch.autocast`). Why each default:
-docs/performance.md.
+`fused_lstm="always"`), the bf16 mode (opt-in: the caller's `torch.autocast`) and the int8 mode (opt-in:
+`model(..., quantize="int8")`). Why each default: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -42,7 +42,19 @@ from .formulas import (
     project_tokens,
 )
 from .inference_cache import ElmoInferenceCache
-from .runtime import bf16_weight_packing, host_index, intel_cpu, native_bf16_cpu, onednn_available, warn
+from .runtime import (
+    INT8_AS_FLOAT32,
+    INT8_ON_GPU,
+    bf16_weight_packing,
+    host_index,
+    int8_matmuls,
+    intel_cpu,
+    native_bf16_cpu,
+    onednn_available,
+    warn,
+)
+
+QUANTIZE_MODES = (None, "int8")
 
 
 def uses_onednn(options: ElmoKernelOptions) -> bool:
@@ -69,6 +81,8 @@ class KernelPlan:
         oneDNN. bf16_packs: CPU bf16 inference with weights packed in bf16 for oneDNN once (where it can pack them).
         cpu_float32: CPU float32 inference (where one-row steps may take the batched MKL matmul). every_position: the
         char CNN on every position, all its character slots (a GPU's shapes), rather than on each distinct word once.
+        int8: the int8 mode (`quantize="int8"` on a CPU that has the kernels): the highway's, the token projection's
+        and the LSTMs' matmuls read their weights as `Int8Weight`s.
     """
 
     options: ElmoKernelOptions
@@ -79,10 +93,13 @@ class KernelPlan:
     bf16_packs: bool
     cpu_float32: bool
     every_position: bool
+    int8: bool = False
 
     @classmethod
-    def make(cls, options: ElmoKernelOptions, input_ids: torch.Tensor, tensors: Sequence[torch.Tensor]) -> KernelPlan:
-        """The plan of a forward of `input_ids` whose weights and given state are `tensors`."""
+    def make(cls, options: ElmoKernelOptions, input_ids: torch.Tensor, tensors: Sequence[torch.Tensor],
+             quantize: str | None = None) -> KernelPlan:
+        """The plan of a forward of `input_ids` whose weights and given state are `tensors`, in the `quantize` mode
+        (None or "int8"; see `int8_plan`)."""
         device = input_ids.device
         inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         autocast = torch.is_autocast_enabled(device.type)
@@ -99,6 +116,7 @@ class KernelPlan:
             bf16_packs=device.type == "cpu" and compute_dtype == torch.bfloat16 and bf16_weight_packing(),
             cpu_float32=cpu_float32,
             every_position=device.type == "cuda" if options.distinct_words == "auto" else not options.distinct_words,
+            int8=quantize == "int8" and int8_plan(device, inference, autocast, cpu_float32),
         )
 
     def recurrence(self, weights: LstmWeights) -> str:
@@ -112,6 +130,53 @@ class KernelPlan:
         return rows == 1 and weight.shape[1] * weight.shape[2] <= self.options.single_row_bmm_max_weight
 
 
+def int8_plan(device: torch.device, inference: bool, autocast: bool, cpu_float32: bool) -> bool:
+    """Whether a forward that asks for int8 runs it: inference on a CPU with the kernels (`runtime.int8_matmuls`).
+    With gradient, under autocast or with weights not in float32 it is an error (one line); on a GPU, or a CPU without
+    the kernels, one `HostWarning` says that it runs without int8."""
+    if not inference:
+        raise ValueError('quantize="int8" is for inference: call the biLM under torch.no_grad() or '
+                         "torch.inference_mode() (int8 weights have no gradient)")
+    if device.type != "cpu":
+        warn(INT8_ON_GPU)
+        return False
+    if autocast:
+        raise ValueError('quantize="int8" and CPU autocast (the bf16 mode) were both asked for: choose one')
+    if not cpu_float32:
+        raise ValueError('quantize="int8" quantizes float32 weights: load the biLM in float32 (torch_dtype=float32)')
+    if not int8_matmuls():
+        warn(INT8_AS_FLOAT32)
+        return False
+    return True
+
+
+class Int8Weight:
+    """An (N, K) weight in int8 for the int8 mode: quantized once, per output row (symmetric: scale = max |w| / 127),
+    packed for torch's dynamically quantized linear (`quantized::linear_dynamic`: FBGEMM's AVX2 / AVX-512 kernels).
+    `weight(x)`: x (..., K) float32 → x @ weightᵀ (..., N) float32, x quantized at each call to 7 bits with one scale
+    for the whole call (`reduce_range`: AVX2's 16-bit sums of two products cannot saturate).
+
+    Why these ops: on an AVX2 EPYC, torchao's int8 configs in eager mode and oneDNN's int8 linear are slower than
+    float32 (docs/performance.md); FBGEMM's are 2.5 to 8 times faster. They are torch's own C++ ops; what torch
+    deprecates is creating the quantized tensor they pack from (`torch.quantize_per_channel`, done here once per
+    weight, its warning silenced), and `runtime.int8_matmuls` asks torch whether they work, so a torch without them
+    runs float32 with one line."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        """`bias` (N,), optional: added by the kernel itself (no pass of its own over the output)."""
+        weight = weight.detach().float()
+        scales = (weight.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "quantized tensor creation functions ... are deprecated"
+            quantized = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
+                                                   0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.detach().float())
+        self.shape = tuple(weight.shape)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -119,8 +184,15 @@ def linear(
     plan: KernelPlan,
     add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be a packed one (`pack_weight`;
-    then the result has its dtype); a dense weight goes through oneDNN where the plan says so, else `F.linear`."""
+    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be an `Int8Weight` or a packed
+    one (`pack_weight`; then the result has its dtype); a dense weight goes through oneDNN where the plan says so,
+    else `F.linear`."""
+    if isinstance(weight, Int8Weight):
+        output = weight(x)  # a new tensor: the sums go into it
+        for term in (bias, add):
+            if term is not None:
+                output.add_(term)
+        return output
     if weight.is_mkldnn and weight.dtype != torch.float32:  # a bf16 pack (the bf16 mode): operands to its dtype
         x = x.to(weight.dtype)
         bias = None if bias is None else bias.to(weight.dtype)
@@ -139,9 +211,9 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype))
 
 
-# Per LSTM weight (input, recurrent, projection): its packed (N, K) matrices (one per direction), or a (2, N, K)
-# weight transposed or cast for the batched matmul, or None where the weight is read as it is (or absent).
-StepForms = list[list[torch.Tensor] | torch.Tensor | None]
+# Per LSTM weight (input, recurrent, projection): its packed or int8 (N, K) matrices (one per direction), or a
+# (2, N, K) weight transposed or cast for the batched matmul, or None where the weight is read as it is (or absent).
+StepForms = list[list[torch.Tensor] | list[Int8Weight] | torch.Tensor | None]
 
 
 def packed(cache: ElmoInferenceCache | None, weight: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -151,6 +223,22 @@ def packed(cache: ElmoInferenceCache | None, weight: torch.Tensor, dtype: torch.
         return [pack_weight(m, dtype) for m in (weight.unbind() if weight.dim() == 3 else [weight])]
 
     return make() if cache is None else cache.derived([weight], dtype, make)
+
+
+def quantized(cache: ElmoInferenceCache | None, weight: torch.Tensor, with_bias: LstmWeights | None = None
+              ) -> list[Int8Weight]:
+    """A (2, N, K) weight as its directions' `Int8Weight`s, an (N, K) weight as one: kept by `cache`, else made for
+    this call. `with_bias`: the layer whose input weight this is, its bias (forget bias included) then added by
+    the kernel."""
+    def make() -> list[Int8Weight]:
+        matrices = weight.unbind() if weight.dim() == 3 else [weight]
+        biases = [None] * len(matrices) if with_bias is None else with_bias.bias_with_forget_bias().unbind()
+        return [Int8Weight(m, b) for m, b in zip(matrices, biases)]
+
+    if cache is None:
+        return make()
+    sources = [weight] if with_bias is None else [weight, with_bias.bias]
+    return cache.derived(sources, ("int8", with_bias is not None), make)
 
 
 def transposed(cache: ElmoInferenceCache, weight: torch.Tensor) -> torch.Tensor:
@@ -177,10 +265,11 @@ def both_directions(
 ) -> torch.Tensor:
     """x (2, n, K) @ weight (2, N, K)ᵀ per direction, + add (one (n, N) per direction) → (2, n, N).
 
-    `form` is the plan's form of `weight` (`StepForms`): through oneDNN where the directions are packed for it (in
-    their dtype; float32 one-row steps excepted, `KernelPlan.batched_step`); else one batched matmul (MKL), reading
-    `form` where it is the (2, K, N) transposed or cast copy."""
-    if isinstance(form, list) and (form[0].dtype != torch.float32 or not plan.batched_step(x.shape[1], weight)):
+    `form` is the plan's form of `weight` (`StepForms`): in int8 where the directions are `Int8Weight`s; through
+    oneDNN where they are packed for it (in their dtype; float32 one-row steps excepted, `KernelPlan.batched_step`);
+    else one batched matmul (MKL), reading `form` where it is the (2, K, N) transposed or cast copy."""
+    if isinstance(form, list) and (isinstance(form[0], Int8Weight) or form[0].dtype != torch.float32
+                                   or not plan.batched_step(x.shape[1], weight)):
         return torch.stack([linear(x[d], form[d], None, plan, add=None if add is None else add[d]) for d in range(2)])
     weight_t = form if isinstance(form, torch.Tensor) else weight.transpose(1, 2)
     if add is None:
@@ -272,9 +361,11 @@ class ElmoKernels:
         lengths: Sequence[int],
         inference_cache: ElmoInferenceCache | None,
         tensors: Sequence[torch.Tensor],
+        quantize: str | None = None,
     ):
-        """`tensors`: the model's parameters and the state given to the call (whether gradient flows to them)."""
-        self.plan = KernelPlan.make(options, input_ids, tensors)
+        """`tensors`: the model's parameters and the state given to the call (whether gradient flows to them);
+        `quantize`: None or "int8" (`int8_plan`)."""
+        self.plan = KernelPlan.make(options, input_ids, tensors, quantize)
         self.cache = inference_cache if self.plan.inference else None
         self.lengths = list(lengths)
         self._per_call: dict[object, object] = {}  # what a call makes once for all its layers
@@ -285,10 +376,13 @@ class ElmoKernels:
 
     # -- matmuls and the forms of weights they read ----------------------------------------------------------------
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N), `weight` one of the model's parameters: read packed in
-        bf16 in the bf16 mode, cast under GPU autocast (both kept by the cache), else as it is."""
+        """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N), `weight` one of the model's parameters: read in int8 in
+        the int8 mode, packed in bf16 in the bf16 mode, cast under GPU autocast (each kept by the cache), else as it
+        is."""
         plan = self.plan
-        if self.cache is not None and plan.compute_dtype is not None and plan.device.type == "cuda":
+        if plan.int8:
+            weight = quantized(self.cache, weight)[0]
+        elif self.cache is not None and plan.compute_dtype is not None and plan.device.type == "cuda":
             weight = cast(self.cache, weight, plan.compute_dtype)
         elif self.cache is not None and plan.bf16_packs:
             weight = packed(self.cache, weight, torch.bfloat16)[0]
@@ -334,7 +428,7 @@ class ElmoKernels:
         words, inverse = unique_rows(input_ids[mask])
         if self.cache is not None:
             embedded = self.cache.token_representations(
-                words, weights.parameters(), lambda ids: self.embed_words(weights, ids)
+                words, weights.parameters(), lambda ids: self.embed_words(weights, ids), int8=self.plan.int8
             )
         else:
             embedded = self.embed_words(weights, words)
@@ -445,18 +539,27 @@ class ElmoKernels:
         - oneDNN float32: the step weights packed per direction, never the input weight (one matmul per window,
           where a pack gains little);
         - the bf16 mode where oneDNN packs bf16 weights: all three packed per direction in bf16, which autocast
-          would otherwise cast again at every call and step.
+          would otherwise cast again at every call and step;
+        - the int8 mode: all three per direction as `Int8Weight`s, the input weight's with the layer's bias; the
+          step weights of a one-row call that takes the batched-MKL step stay float32, as above (faster there).
         """
         plan, cache = self.plan, self.cache
         weights_in_order = (weights.input_weight, weights.recurrent_weight, weights.projection_weight)
         step_weights = [w for w in weights_in_order[1:] if w is not None]
+        batched_steps = all(plan.batched_step(rows, w) for w in step_weights)
+        if plan.int8:
+            input_form = quantized(cache, weights.input_weight, with_bias=weights)
+            if batched_steps:  # one matmul for both directions beats two int8 ones on weights this small
+                return [input_form, *(None if w is None or cache is None else transposed(cache, w)
+                                      for w in weights_in_order[1:])]
+            return [input_form, *(None if w is None else quantized(cache, w) for w in weights_in_order[1:])]
         if plan.device.type == "cuda" and plan.compute_dtype is not None:
             if cache is None:
                 return [None, None, None]
             return [cast(cache, weights.input_weight, plan.compute_dtype),
                     *(None if w is None else cast(cache, w, plan.compute_dtype, transpose=True)
                       for w in weights_in_order[1:])]
-        if plan.cpu_float32 and all(plan.batched_step(rows, w) for w in step_weights):
+        if plan.cpu_float32 and batched_steps:
             return [None, *(None if w is None or cache is None else transposed(cache, w)
                             for w in weights_in_order[1:])]
         if plan.onednn:
@@ -488,7 +591,9 @@ class ElmoKernels:
             window = inputs[:, :active, start : start + plan.options.lstm_time_chunk]
             # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
             input_weight = weights.input_weight if input_form is None else input_form
-            projected = [linear(window[d], input_weight[d], bias[d], plan).unbind(1) for d in range(2)]
+            step_bias = None if plan.int8 else bias  # the int8 input weights add it themselves (`step_forms`)
+            projected = [linear(window[d], input_weight[d], None if step_bias is None else step_bias[d], plan
+                                ).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
                 if n == 0:
@@ -566,12 +671,6 @@ class ElmoKernels:
             final_h.append(torch.cat([h[0], state[0][d, started:]]))
             final_c.append(torch.cat([c[0], state[1][d, started:]]))
         return torch.stack(outputs), (torch.stack(final_h), torch.stack(final_c))
-
-    def _fused_lstm(self, weights: LstmWeights, inputs: torch.Tensor) -> Callable:
-        """`run(direction, inputs, (h0, c0))`: the `nn.LSTM(proj_size=P)` of one direction of the layer without its
-        clipping. Without gradients for the weights, the cache keeps each direction's `nn.LSTM` with its weights
-        flat in cuDNN's layout (in the autocast dtype under GPU autocast); with them, the weights are gathered into
-        its layout at every call."""
 
     def _fused_lstm(self, weights: LstmWeights, inputs: torch.Tensor) -> Callable:
         """`run(direction, inputs, (h0, c0))`: the `nn.LSTM(proj_size=P)` of one direction of the layer without its

@@ -42,7 +42,7 @@ from .formulas import (
     project_tokens,
 )
 from .inference_cache import ElmoInferenceCache
-from .kernels import ElmoKernels
+from .kernels import QUANTIZE_MODES, ElmoKernels
 from .text import remove_sentence_boundaries
 
 # (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
@@ -565,6 +565,7 @@ class ElmoModel(ElmoPreTrainedModel):
         inference_cache: ElmoInferenceCache | None = None,
         lengths: Sequence[int] | None = None,
         word_input_ids: torch.Tensor | None = None,
+        quantize: str | None = None,
         **kwargs,
     ) -> ElmoModelOutput:
         """
@@ -586,15 +587,23 @@ class ElmoModel(ElmoPreTrainedModel):
                 longest first are not sorted again.
             word_input_ids (`torch.LongTensor` of shape `(batch, positions)`): the word ids of a model with a word
                 embedding (`config.word_embedding_dim`, ELMoForManyLangs'); its tokenizer gives them.
+            quantize (`str`, optional): `"int8"`: the opt-in int8 mode on a CPU (inference only, under
+                `torch.no_grad()`; the highway's, the token projection's and the LSTMs' weights in int8, quantized
+                once and kept by `inference_cache`: docs/performance.md). None (the default): float32, exact.
         """
+        if quantize not in QUANTIZE_MODES:
+            raise ValueError(f'quantize must be None or "int8", got {quantize!r}')
         mask, lengths = self._validate(input_ids, attention_mask, lengths, initial_state, word_input_ids)
+        if quantize is not None and self.config.implementation == "reference":
+            raise ValueError('quantize="int8" runs in the kernels: load the biLM with implementation="kernels" (the '
+                             "default), not \"reference\"")
         if self.config.implementation == "reference" or torch.compiler.is_compiling():
             token_repr = self.char_cnn(input_ids, mask, word_input_ids)
             recurrence = None
         else:
             given_state = () if initial_state is None else initial_state
             kernels = ElmoKernels(self.config.kernels(), input_ids, lengths, inference_cache,
-                                  [*self.parameters(), *given_state])
+                                  [*self.parameters(), *given_state], quantize)
             token_repr = kernels.token_representations(self.char_cnn.weights(), input_ids, mask, word_input_ids)
             recurrence = kernels.lstm
         token_layer = torch.cat([token_repr, token_repr], dim=-1)  # layer 0, as wide as the biLSTM layers

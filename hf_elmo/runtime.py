@@ -3,11 +3,13 @@
 - CPU facts, every capability question the code asks of the host, each a small function that tests force either way:
   `cpu_name`, `cpu_flags`, `intel_cpu` (MKL's own fastest code), `native_bf16_cpu` (bf16 matmuls in hardware),
   `onednn_available` (oneDNN's float32 linear ops in this torch build), `bf16_weight_packing` (oneDNN packs bf16
-  weights on this CPU: asked of torch, never assumed from another fact). Read once, from /proc/cpuinfo and torch.
+  weights on this CPU: asked of torch, never assumed from another fact), `int8_matmuls` (torch's int8 linear kernels,
+  FBGEMM's, run fast on this CPU). Read once, from /proc/cpuinfo and torch.
 - Threads: `default_threads` (the cores this process may use that nobody else is using) and `set_threads`.
 - oneDNN's kernel caches: `bound_onednn_caches`, so long runs over ever new batch shapes keep flat memory.
 - Precision: `reduced_precision` / `mixed_precision`, the one autocast dtype of inference on each device (float32 on
-  a CPU without native bf16, where bf16 is several times slower: one `HostWarning` says so).
+  a CPU without native bf16, where bf16 is several times slower: one `HostWarning` says so); `quantize_mode`, the
+  int8 mode where it runs (a CPU with the kernels; else float32 and one `HostWarning`).
 - Warnings about the host (`warn`, `HostWarning`), attributed to the user's line, not to a library's.
 - Transfers: `host_index`, integers made on the host as a device index without a wait.
 - Memory: `halve_on_out_of_memory` reruns a batch the GPU has no memory for in halves (the biLM's rows never depend
@@ -104,6 +106,26 @@ def bf16_weight_packing() -> bool:
         return False
 
 
+@cache
+def int8_matmuls() -> bool:
+    """Whether torch's dynamically quantized int8 linear (`quantized::linear_dynamic`, FBGEMM's kernels) runs fast
+    here: an x86 CPU with AVX2 (FBGEMM needs it; without it the op falls back to reference code, slower than float32)
+    and a torch build that has the ops and the x86/fbgemm quantized engine (asked of torch by one tiny call). The
+    int8 mode runs float32 elsewhere."""
+    if "avx2" not in cpu_flags() or not {"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines):
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a quantized tensor's creation is deprecated (see kernels.Int8Weight)
+            weight = torch.quantize_per_channel(torch.ones(3, 2), torch.ones(3, dtype=torch.double),
+                                                torch.zeros(3, dtype=torch.long), 0, torch.qint8)
+        packed = torch.ops.quantized.linear_prepack(weight, None)
+        output = torch.ops.quantized.linear_dynamic(torch.ones(1, 2), packed, True)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return torch.allclose(output, torch.full((1, 3), 2.0), atol=0.05)
+
+
 def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     """Cap oneDNN's kernel caches (its primitive cache and PyTorch's oneDNN LRU) at `capacity` shapes for this
     process, unless `ONEDNN_PRIMITIVE_CACHE_CAPACITY` / `LRU_CACHE_CAPACITY` are set already. Both are read
@@ -183,6 +205,26 @@ def warn(message: str) -> None:
 # Measured on an AMD EPYC Zen 3 (AVX2): the original biLM runs ~6x slower in emulated bf16 than in float32.
 BF16_AS_FLOAT32 = ("bf16 was asked for, but this CPU has no native bf16 (AVX512-BF16 or AMX), where it runs several "
                    "times slower than float32: running float32 instead (exact)")
+
+
+INT8_AS_FLOAT32 = ("int8 was asked for, but this CPU or torch build has no fast int8 linear kernels (FBGEMM's need an "
+                   "x86 CPU with AVX2): running float32 instead (exact)")
+INT8_ON_GPU = ("int8 is a CPU mode: on a GPU ask for bf16/fp16 instead (`--bf16`, `mixed_precision`): running the "
+               "GPU's float32")
+
+
+def quantize_mode(device: torch.device | str, int8: bool) -> str | None:
+    """The `quantize` argument of the biLM's inference on `device` when int8 is asked for (`int8`): "int8" on a CPU
+    with the kernels (`int8_matmuls`); else None (float32) and one `HostWarning` saying why."""
+    if not int8:
+        return None
+    if torch.device(device).type != "cpu":
+        warn(INT8_ON_GPU)
+        return None
+    if not int8_matmuls():
+        warn(INT8_AS_FLOAT32)
+        return None
+    return "int8"
 
 
 def reduced_precision(device: torch.device | str) -> torch.dtype | None:

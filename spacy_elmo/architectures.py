@@ -58,6 +58,7 @@ def elmo_bilm_v2(
     max_batch_tokens: int = 4096,
     mixed_precision: bool = False,
     grad_scaler_config: dict = NO_SETTINGS,
+    int8: bool = False,
 ) -> Model[list[Doc], list[Floats3d]]:
     """The ELMo biLM: per Doc its layers (n_layers + 1, n_tokens, 2 * projection_dim), boundaries removed; a chain
     of small layers (sentences → length batches → the biLM → boundaries stripped → per-Doc arrays).
@@ -73,10 +74,16 @@ def elmo_bilm_v2(
         docs/performance.md), float32 for fine-tuning; on other CPUs, where bf16 is several times slower, float32
         with a warning.
     grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
+    int8 (bool): predictions in the biLM's int8 mode on a CPU (`hf_elmo.runtime.quantize_mode`: not exact, about
+        twice as fast on the original model; docs/performance.md); fine-tuning stays float32; on a GPU or a CPU
+        without the kernels, float32 with a warning. Not with `mixed_precision`.
     """
     if name:
         check_pretrained_name(name)
-    return build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config))
+    if int8 and mixed_precision:
+        raise ValueError("[components.elmo.model] mixed_precision and int8 are two ways to trade exactness for speed: "
+                         "set one of them to false")
+    return build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config), int8)
 
 
 @registry.architectures("spacy-elmo.ElmoBiLM.v1")
@@ -86,13 +93,14 @@ def elmo_bilm_v1(
     max_batch_tokens: int = 4096,
     mixed_precision: bool = False,
     grad_scaler_config: dict = NO_SETTINGS,
+    int8: bool = False,
 ) -> Model[list[Doc], list[Floats3d]]:
     """`spacy-elmo.ElmoBiLM.v2` as one Thinc node holding the biLM, the structure pipelines saved with v1 have
     (they load, and compute what v2 computes). New configs use v2.
 
-    get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config: as in `spacy-elmo.ElmoBiLM.v2`.
+    get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config, int8: as in `spacy-elmo.ElmoBiLM.v2`.
     """
-    return build_bilm_v1(elmo_bilm_v2(get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config))
+    return build_bilm_v1(elmo_bilm_v2(get_spans, name, max_batch_tokens, mixed_precision, grad_scaler_config, int8))
 
 
 @registry.architectures("spacy-elmo.ScalarMix.v1")

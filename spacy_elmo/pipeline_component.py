@@ -32,6 +32,7 @@ name = "{DEFAULT_MODEL_NAME}"
 max_batch_tokens = 4096
 mixed_precision = false
 grad_scaler_config = {{}}
+int8 = false
 
 [model.get_spans]
 @misc = "spacy-elmo.sent_spans.v2"

@@ -27,6 +27,7 @@ class Cpu:
 
 # The kinds of CPU this project has met (docs/performance.md): the capability each branch of the code depends on.
 CPUS = {
+    "avx": Cpu("fpu sse4_2 avx", "GenuineIntel", bf16_packing=False),  # before AVX2 (Sandy Bridge): no int8 kernels
     "avx2": Cpu("fpu sse4_2 avx avx2 fma f16c", "AuthenticAMD", bf16_packing=False),  # AMD EPYC Zen 3
     "avx512": Cpu("fpu avx avx2 fma avx512f avx512bw avx512vl avx512dq", "GenuineIntel", bf16_packing=True),  # Skylake
     "avx512_bf16": Cpu("fpu avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16", "AuthenticAMD",
@@ -36,7 +37,7 @@ CPUS = {
 }
 
 CAPABILITIES = (runtime.cpu_flags, runtime.native_bf16_cpu, runtime.intel_cpu, runtime.onednn_available,
-                runtime.bf16_weight_packing)
+                runtime.bf16_weight_packing, runtime.int8_matmuls)
 
 # torch's message where oneDNN cannot pack bf16 weights (torch 2.13 on an AVX2 CPU).
 NO_BF16_PACKING = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl "

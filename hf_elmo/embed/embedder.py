@@ -14,7 +14,7 @@ import torch
 from ..kernels import ElmoInferenceCache
 from ..loading import DEFAULT_MODEL_NAME, load_model, load_tokenizer
 from ..modeling_elmo import ElmoModel, ElmoScalarMix
-from ..runtime import halve_on_out_of_memory, inference_dtype, mixed_precision
+from ..runtime import halve_on_out_of_memory, inference_dtype, mixed_precision, quantize_mode
 from ..text import ElmoBatch, length_batches
 from ..tokenization_elmo import ElmoCharTokenizer
 from .settings import EmbedSettings
@@ -56,7 +56,12 @@ class ElmoEmbedder:
             and on GPUs, not exact (measured on the default model: see docs/performance.md). Never chosen on its
             own. On a CPU without native bf16, where it is several times slower, float32 (`self.bf16` False), with a
             `runtime.HostWarning`.
-        settings (`EmbedSettings`, optional): all of `layers` to `bf16` at once, as `elmo embed` gives them; the
+        int8 (`bool`, False): the int8 mode on a CPU (`model(..., quantize="int8")`: the highway's, the token
+            projection's and the LSTMs' weights in int8, quantized once; outputs float32): about twice float32's
+            throughput and a quarter of its one-sentence latency on the original model, not exact (measured on the
+            default model: docs/performance.md). Never chosen on its own. On a GPU or a CPU without the kernels
+            (x86 with AVX2), float32 (`self.quantize` None), with a `runtime.HostWarning`.
+        settings (`EmbedSettings`, optional): all of `layers` to `int8` at once, as `elmo embed` gives them; the
             arguments are checked by making one (an `EmbedSettingError` names the one at fault).
     """
 
@@ -74,12 +79,13 @@ class ElmoEmbedder:
         max_sentence_words: int = 1000,
         *,
         bf16: bool = False,
+        int8: bool = False,
         settings: EmbedSettings | None = None,
     ):
         if settings is None:
             settings = EmbedSettings(
                 layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
-                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16,
+                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16, int8,
             )
         model, tokenizer = _model_and_tokenizer(model, tokenizer)
         settings.check_model(model.config)
@@ -98,6 +104,7 @@ class ElmoEmbedder:
         self.batch_size = settings.batch_size
         self.max_sentence_words = settings.max_sentence_words
         self.bf16 = inference_dtype(self.device, settings.bf16) is not None  # float32 where bf16 is slower
+        self.quantize = quantize_mode(self.device, settings.int8)  # float32 where int8 cannot run
         self.layers = settings.layers
         self.mix = None
         num_layers = self.model.config.num_output_layers
@@ -126,7 +133,7 @@ class ElmoEmbedder:
         batch they were computed from, on the model's device."""
         batch = self.tokenizer.batch([list(words) for words in sentences]).to(self.device, non_blocking=True)
         with mixed_precision(self.device, enabled=self.bf16):
-            layers = self.model(**batch, inference_cache=self.inference_cache).hidden_states
+            layers = self.model(**batch, inference_cache=self.inference_cache, quantize=self.quantize).hidden_states
         return tuple(layer.float() for layer in layers), batch
 
     @torch.inference_mode()

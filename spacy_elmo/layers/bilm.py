@@ -36,7 +36,7 @@ from thinc.types import Floats3d, Floats4d
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel, runtime
 from hf_elmo.configuration_elmo import integer_problem
-from hf_elmo.runtime import OutOfDeviceMemoryError, halve_on_out_of_memory
+from hf_elmo.runtime import OutOfDeviceMemoryError, halve_on_out_of_memory, quantize_mode
 from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
@@ -65,12 +65,16 @@ class ElmoShim(TorchShim):
     `name`: where the weights come from when nothing else gives them (`default`, a published model, a directory or a
     Hub id; from the config at every load, never saved). `mixed_precision`: predictions under autocast in
     `hf_elmo.runtime.reduced_precision` (on a CPU with AMX / AVX512-BF16 the biLM's opt-in bf16 mode; float32 with a
-    warning on other CPUs); fine-tuning under Thinc's CUDA autocast.
+    warning on other CPUs); fine-tuning under Thinc's CUDA autocast. `int8`: predictions in the int8 mode where it
+    runs (`hf_elmo.runtime.quantize_mode`, decided when the biLM is set or moved).
     """
 
-    def __init__(self, name: str = "", mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None):
+    def __init__(self, name: str = "", mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None,
+                 int8: bool = False):
         super().__init__(None, mixed_precision=mixed_precision, grad_scaler=grad_scaler)
         self.name = name
+        self.int8 = int8
+        self.quantize: str | None = None  # what `int8` gives on the biLM's device (`quantize_mode`)
         # The pipeline component whose config gives `name` (set by the component), for the error without one.
         self.component = "elmo"
         # The biLM's own tokenizer where it reads characters through lexicons (saved with the shim); else None, and
@@ -100,6 +104,7 @@ class ElmoShim(TorchShim):
         self._model = elmo.to(get_torch_default_device())
         self.tokenizer = tokenizer if elmo.config.character_vocabulary != "bytes" else None
         self.inference_cache.clear()
+        self.quantize = quantize_mode(self.device, self.int8)
 
     def begin_update(self, inputs: ArgsKwargs) -> tuple[Any, Callable]:
         """Thinc's: the module in training mode (dropout on: the biLM is fine-tuned), under CUDA autocast with
@@ -115,7 +120,8 @@ class ElmoShim(TorchShim):
         if self._model.training:
             self._model.eval()
         with torch.no_grad(), runtime.mixed_precision(self.device, enabled=self._mixed_precision):
-            return self._model(*inputs.args, **inputs.kwargs, inference_cache=self.inference_cache)
+            return self._model(*inputs.args, **inputs.kwargs, inference_cache=self.inference_cache,
+                               quantize=self.quantize)
 
     def finish_update(self, optimizer) -> None:
         if self._model is None:
@@ -129,6 +135,7 @@ class ElmoShim(TorchShim):
     def to_device(self, device_type: str, device_id: int) -> None:
         if self._model is not None:
             super().to_device(device_type, device_id)
+            self.quantize = quantize_mode(self.device, self.int8)
 
     def _config_to_save(self) -> dict | None:
         """The biLM's config, and a lexicon model's lexicons (`tokenizer_lexicons`)."""
@@ -153,6 +160,7 @@ class ElmoShim(TorchShim):
         with torch.device("meta"):
             elmo = ElmoModel(ElmoConfig.from_dict(config))
         self._model = elmo.to_empty(device=get_torch_default_device()).eval()
+        self.quantize = quantize_mode(self.device, self.int8)
         if lexicons is not None:
             self.tokenizer = ElmoCharTokenizer.with_lexicons(
                 lexicons["char"], lexicons["word"], max_characters_per_token=elmo.config.max_characters_per_token)
@@ -224,7 +232,7 @@ def sentence_batches_forward(model: Model, rows: SentenceBatches, is_train: bool
 
 
 def elmo_torch(
-    name: str, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None
+    name: str, mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None, int8: bool = False
 ) -> Model[list[Sentence], Floats4d]:
     """One batch of sentences → its biLM layers (n_layers + 1, rows, positions, width), float32: Thinc's PyTorch
     wrapper around the `ElmoModel` of an `ElmoShim` (its weights from `name` unless set or loaded otherwise)."""
@@ -233,7 +241,7 @@ def elmo_torch(
         pytorch_forward,
         init=bilm_init,
         attrs={"convert_inputs": batch_to_torch, "convert_outputs": layers_from_torch},
-        shims=[ElmoShim(name, mixed_precision=mixed_precision, grad_scaler=grad_scaler)],
+        shims=[ElmoShim(name, mixed_precision=mixed_precision, grad_scaler=grad_scaler, int8=int8)],
     )
 
 
@@ -391,11 +399,12 @@ def build_bilm(
     max_batch_tokens: int = 4096,
     mixed_precision: bool = False,
     grad_scaler_config: dict | None = None,
+    int8: bool = False,
 ) -> Model[list[Doc], list[Floats3d]]:
     """The biLM layer (`spacy-elmo.ElmoBiLM.v2`); its weights are read from `name` (directory or Hub id) when it is
     initialized, unless set or loaded before."""
     grad_scaler = PyTorchGradScaler(**{"enabled": mixed_precision, **(grad_scaler_config or {})})
-    bilm = elmo_torch(name, mixed_precision, grad_scaler)
+    bilm = elmo_torch(name, mixed_precision, grad_scaler, int8)
     layers = [doc_sentences(get_spans), sentence_batches(max_batch_tokens), each_batch(bilm), strip_boundaries(),
               to_docs()]
     return Model("elmo_bilm", bilm_forward, init=bilm_init, layers=layers, dims={"nO": None, "nL": None},
