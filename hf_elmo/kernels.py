@@ -157,7 +157,7 @@ class Int8Weight:
     for the whole call (`reduce_range`: AVX2's 16-bit sums of two products cannot saturate).
 
     Why these ops: on an AVX2 EPYC, torchao's int8 configs in eager mode and oneDNN's int8 linear are slower than
-    float32 (docs/performance.md); FBGEMM's are 2.5 to 8 times faster. They are torch's own C++ ops; what torch
+    float32 (docs/performance.md); FBGEMM's are 2 to 8 times faster. They are torch's own C++ ops; what torch
     deprecates is creating the quantized tensor they pack from (`torch.quantize_per_channel`, done here once per
     weight, its warning silenced), and `runtime.int8_matmuls` asks torch whether they work, so a torch without them
     runs float32 with one line."""

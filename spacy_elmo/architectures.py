@@ -74,8 +74,8 @@ def elmo_bilm_v2(
         docs/performance.md), float32 for fine-tuning; on other CPUs, where bf16 is several times slower, float32
         with a warning.
     grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
-    int8 (bool): predictions in the biLM's int8 mode on a CPU (`hf_elmo.runtime.quantize_mode`: not exact, about
-        twice as fast on the original model; docs/performance.md); fine-tuning stays float32; on a GPU or a CPU
+    int8 (bool): predictions in the biLM's int8 mode on a CPU (`hf_elmo.runtime.quantize_mode`: not exact, 1.6-1.9
+        times as fast on the original model; docs/performance.md); fine-tuning stays float32; on a GPU or a CPU
         without the kernels, float32 with a warning. Not with `mixed_precision`.
     """
     if name:

@@ -32,15 +32,27 @@ def test_bench_training_prints_tokens_per_second_and_the_fraction_of_peak_of_its
         (step + 0.05) / (peak - 0.05) + 5e-4)
 
 
-def test_bench_inference_bf16_prints_its_distance_to_float32():
+@pytest.mark.parametrize("mode", ["bf16", "int8"])
+def test_bench_inference_modes_print_their_speed_and_distance_beside_float32(mode):
     output = run_python(REPO / "benchmarks" / "bench_inference.py", "--presets", "small", "--sentences", 2,
                         "--length", 3, "--batch-size", 2, "--repeats", 1, "--latency-calls", 2, "--threads", 1,
-                        "--bf16")
-    header, row = output.strip().splitlines()[-2:]
-    assert header.split()[-4:] == ["|diff|", "f32", "min", "cos"]
-    name, tokens_per_second, latency, cached, difference, cosine = row.split()
-    assert name == "small" and float(tokens_per_second) > 0 and float(latency) > 0
+                        f"--{mode}")
+    lines = output.strip().splitlines()
+    header = next(line for line in lines if line.startswith("preset")).split()
+    row = next(line for line in lines if line.startswith("small ")).split()
+    assert header[6:] == [mode, "tok/s", "ratio", mode, "ms", "ratio", "|diff|", "f32", "min", "cos"]
+    name, tokens, latency, cached, mode_tokens, ratio, mode_latency, latency_ratio, difference, cosine = row
+    assert name == "small" and min(map(float, (tokens, latency, cached, mode_tokens, mode_latency))) > 0
+    assert float(ratio) == pytest.approx(float(mode_tokens) / float(tokens), rel=0.01, abs=0.01)
+    assert float(latency_ratio) == pytest.approx(float(latency) / float(mode_latency), rel=0.02, abs=0.01)
     assert 0 < float(difference) < 0.1 and 0.999 < float(cosine) <= 1.0
+    ceilings = [line for line in lines if line.startswith("memory-bound ceiling")]
+    if mode == "int8":
+        # small: 2 layers x 2 directions x (recurrent 4096 x 128 + projection 128 x 1024) weights
+        [ceiling] = ceilings
+        assert "small: 10 MB float32 / 3 MB int8 of step weights per position, 22 positions" in ceiling  # 20 words
+    else:
+        assert ceilings == []
 
 
 def test_bench_lstm_step_prints_the_weights_read_per_step_and_the_ceiling_they_imply():

@@ -6,10 +6,12 @@ frozen vectors of the training sentences, scored on the dev sentences, for POS t
     python benchmarks/paper/probe.py --model default --quick           # 500 / 200 sentences (seconds)
     python benchmarks/paper/probe.py --model runs/old-default --json probe.json
     python benchmarks/paper/probe.py --model default --bf16            # vectors from the bf16 mode (CPUs with AMX)
+    python benchmarks/paper/probe.py --model default --int8            # vectors from the int8 mode (x86 with AVX2)
 
 Rows: each layer (0 = the char-CNN token layer, then each biLSTM layer) and their average. Words are CoNLL's gold
-tokens, one sentence per biLM row. With `--bf16` the vectors come from the opt-in bf16 mode
-(`ElmoEmbedder(bf16=True)`), and the script first prints how far the dev vectors are from float32's.
+tokens, one sentence per biLM row. With `--bf16` / `--int8` the vectors come from that opt-in mode
+(`ElmoEmbedder(bf16=True)` / `ElmoEmbedder(int8=True)`), and the script first prints how far the dev vectors are
+from float32's.
 """
 
 from __future__ import annotations
@@ -37,19 +39,22 @@ def read_conll(path: Path, limit: int | None = None) -> list[tuple[list[str], li
     return [([r[0] for r in s], [r[1] for r in s], [r[-1] for r in s]) for s in islice(rows, limit)]
 
 
-def layer_features(model: ElmoModel, sentences: list[list[str]], bf16: bool = False) -> np.ndarray:
-    """(layers, tokens, width) float32: every layer of every word, sentences concatenated; `bf16`: computed in the
-    bf16 mode."""
-    embedder = ElmoEmbedder(model, layers="all", bf16=bf16)
+MODES = ("bf16", "int8")
+
+
+def layer_features(model: ElmoModel, sentences: list[list[str]], mode: str | None = None) -> np.ndarray:
+    """(layers, tokens, width) float32: every layer of every word, sentences concatenated; `mode` ("bf16", "int8"):
+    computed in that mode."""
+    embedder = ElmoEmbedder(model, layers="all", bf16=mode == "bf16", int8=mode == "int8")
     return np.concatenate(list(embedder.embed_sentences(sentences)), axis=1)
 
 
-def bf16_difference(model: ElmoModel, sentences: list[list[str]]) -> list[dict]:
-    """Per layer: max abs difference, largest abs value, and min / mean cosine of the word vectors of the bf16 mode
-    against float32."""
-    exact, bf16 = layer_features(model, sentences), layer_features(model, sentences, bf16=True)
+def mode_difference(model: ElmoModel, sentences: list[list[str]], mode: str) -> list[dict]:
+    """Per layer: max abs difference, largest abs value, and min / mean cosine of the word vectors of `mode` against
+    float32."""
+    exact, reduced = layer_features(model, sentences), layer_features(model, sentences, mode)
     rows = []
-    for j, (a, b) in enumerate(zip(exact, bf16)):
+    for j, (a, b) in enumerate(zip(exact, reduced)):
         cosine = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
         rows.append({"layer": j, "max_abs_difference": float(np.abs(a - b).max()), "max_abs": float(np.abs(a).max()),
                      "min_cosine": float(cosine.min()), "mean_cosine": float(cosine.mean())})
@@ -92,11 +97,11 @@ def entity_f1(gold: list[list[str]], predicted: list[list[str]]) -> float:
     return 2 * correct / max(len(gold_spans) + len(predicted_spans), 1)
 
 
-def probe_layers(model: ElmoModel, train, dev, bf16: bool = False) -> list[dict]:
-    """Per layer (and the average of all): POS accuracy and NER entity F1 of linear probes, on dev; `bf16`: on
-    vectors of the bf16 mode."""
-    train_features = layer_features(model, [words for words, _, _ in train], bf16)
-    dev_features = layer_features(model, [words for words, _, _ in dev], bf16)
+def probe_layers(model: ElmoModel, train, dev, mode: str | None = None) -> list[dict]:
+    """Per layer (and the average of all): POS accuracy and NER entity F1 of linear probes, on dev; `mode`: on
+    vectors of that mode."""
+    train_features = layer_features(model, [words for words, _, _ in train], mode)
+    dev_features = layer_features(model, [words for words, _, _ in dev], mode)
     results = []
     layers = [*((str(j), [j]) for j in range(len(train_features))), ("average", list(range(len(train_features))))]
     for name, index in layers:
@@ -135,24 +140,27 @@ def main() -> None:
     parser.add_argument("--train-sentences", type=int, help="limit (default: all; --quick: 500)")
     parser.add_argument("--dev-sentences", type=int, help="limit (default: all; --quick: 200)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--bf16", action="store_true", help="vectors from the bf16 mode (see the docstring)")
+    modes = parser.add_mutually_exclusive_group()
+    for name in MODES:
+        modes.add_argument(f"--{name}", action="store_true", help=f"vectors from the {name} mode (see the docstring)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     train = read_conll(CONLL / "train.txt", args.train_sentences or (500 if args.quick else None))
     dev = read_conll(CONLL / "valid.txt", args.dev_sentences or (200 if args.quick else None))
     model = ElmoModel.from_pretrained(model_location(args.model))
-    difference = bf16_difference(model, [words for words, _, _ in dev]) if args.bf16 else None
+    mode = next((name for name in MODES if getattr(args, name)), None)
+    difference = mode_difference(model, [words for words, _, _ in dev], mode) if mode else None
     if difference:
-        print("bf16 vs float32, dev words:", json.dumps(difference))
+        print(f"{mode} vs float32, dev words:", json.dumps(difference))
     start = time.perf_counter()
-    results = probe_layers(model, train, dev, args.bf16)
+    results = probe_layers(model, train, dev, mode)
     machine = cpu_name()
-    print(f"model {args.model}{' (bf16 mode)' if args.bf16 else ''}: {len(train)} training / {len(dev)} dev "
+    print(f"model {args.model}{f' ({mode} mode)' if mode else ''}: {len(train)} training / {len(dev)} dev "
           f"sentences of CoNLL-2003, {time.perf_counter() - start:.0f} s on {machine}")
     print(format_table(results))
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "bf16": args.bf16, "bf16_vs_float32": difference,
+        args.json.write_text(json.dumps({"model": args.model, "mode": mode or "float32", "vs_float32": difference,
                                          "train_sentences": len(train), "dev_sentences": len(dev),
                                          "layers": results}, indent=1))
 

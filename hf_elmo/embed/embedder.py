@@ -57,10 +57,10 @@ class ElmoEmbedder:
             own. On a CPU without native bf16, where it is several times slower, float32 (`self.bf16` False), with a
             `runtime.HostWarning`.
         int8 (`bool`, False): the int8 mode on a CPU (`model(..., quantize="int8")`: the highway's, the token
-            projection's and the LSTMs' weights in int8, quantized once; outputs float32): about twice float32's
-            throughput and a quarter of its one-sentence latency on the original model, not exact (measured on the
-            default model: docs/performance.md). Never chosen on its own. On a GPU or a CPU without the kernels
-            (x86 with AVX2), float32 (`self.quantize` None), with a `runtime.HostWarning`.
+            projection's and the LSTMs' weights in int8, quantized once; outputs float32): on the original model
+            1.6-1.9 times float32's throughput and a third to a quarter of its one-sentence latency (AVX2), not exact
+            (measured on the default model: docs/performance.md). Never chosen on its own. On a GPU or a CPU
+            without the kernels (x86 with AVX2), float32 (`self.quantize` None), with a `runtime.HostWarning`.
         settings (`EmbedSettings`, optional): all of `layers` to `int8` at once, as `elmo embed` gives them; the
             arguments are checked by making one (an `EmbedSettingError` names the one at fault).
     """
