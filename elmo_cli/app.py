@@ -289,7 +289,7 @@ def _parse_weights(weights: str) -> tuple[float, ...]:
 EMBED_FLAGS = {
     "layers": "--layers", "scalar_parameters": "--weights", "gamma": "--gamma", "batch_tokens": "--batch-tokens",
     "buffer_tokens": "--buffer-tokens", "batch_size": "--batch-size", "max_sentence_words": "--max-sentence-words",
-    "device": "--device", "cuda_device": "--cuda-device", "bf16": "--bf16", "int8": "--int8", "output": "OUTPUT",
+    "device": "--device", "cuda_device": "--cuda-device", "bf16": "--bf16", "quantize": "--int8", "output": "OUTPUT",
     "sentence_keys": "--use-sentence-keys",
 }
 
@@ -490,7 +490,7 @@ def embed(
             max_sentence_words=max_sentence_words,
             device=chosen_device or torch.device("cpu"),
             bf16=bf16,
-            int8=int8,
+            quantize="int8" if int8 else None,
         )
         # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

@@ -213,10 +213,10 @@ INT8_ON_GPU = ("int8 is a CPU mode: on a GPU ask for bf16/fp16 instead (`--bf16`
                "GPU's float32")
 
 
-def quantize_mode(device: torch.device | str, int8: bool) -> str | None:
-    """The `quantize` argument of the biLM's inference on `device` when int8 is asked for (`int8`): "int8" on a CPU
-    with the kernels (`int8_matmuls`); else None (float32) and one `HostWarning` saying why."""
-    if not int8:
+def quantize_mode(device: torch.device | str, quantize: str | None) -> str | None:
+    """The `quantize` argument of the biLM's inference on `device` when `quantize` (None or "int8") is asked for:
+    "int8" on a CPU with the kernels (`int8_matmuls`); else None (float32) and one `HostWarning` saying why."""
+    if quantize is None:
         return None
     if torch.device(device).type != "cpu":
         warn(INT8_ON_GPU)

@@ -121,9 +121,9 @@ def test_where_int8_cannot_run_it_is_float32_with_one_line(real_model, batch, pr
     assert [str(w.message) for w in caught] == [INT8_AS_FLOAT32]
     assert all(torch.equal(a, b) for a, b in zip(layers(real_model, batch), got, strict=True))
     with pytest.warns(HostWarning, match="int8 was asked for"):
-        assert runtime.quantize_mode("cpu", True) is None
+        assert runtime.quantize_mode("cpu", "int8") is None
     with pytest.warns(HostWarning) as caught:
-        assert runtime.quantize_mode("cuda", True) is None
+        assert runtime.quantize_mode("cuda", "int8") is None
         assert not kernels.int8_plan(torch.device("cuda"), True, False, False)
     assert [str(w.message) for w in caught] == [INT8_ON_GPU] * 2
 
@@ -134,7 +134,7 @@ def test_int8_capability_is_asked_of_the_cpu(pretend_cpu):
         assert runtime.int8_matmuls() is expected, cpu
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning where it runs
-        assert runtime.quantize_mode("cpu", True) == "int8" and runtime.quantize_mode("cpu", False) is None
+        assert runtime.quantize_mode("cpu", "int8") == "int8" and runtime.quantize_mode("cpu", None) is None
 
 
 def test_int8_where_it_makes_no_sense_is_one_line(real_model, batch):
@@ -161,13 +161,15 @@ def test_the_embedder_and_elmo_embed_run_int8(allennlp_model_dir, tmp_path):
 
     words = "The bank raised its rates on Thursday .".split()
     exact = ElmoEmbedder(str(allennlp_model_dir)).embed_sentence(words)
-    embedder = ElmoEmbedder(str(allennlp_model_dir), int8=True)
+    embedder = ElmoEmbedder(str(allennlp_model_dir), quantize="int8")
     assert embedder.quantize == "int8"
     int8 = embedder.embed_sentence(words)
     assert int8.dtype == np.float32 and 0 < np.abs(int8 - exact).max() < 0.05 * np.abs(exact).max()
-    assert embedder.with_settings(int8=False).quantize is None
-    with pytest.raises(EmbedSettingError, match="int8: bf16 and int8 .* choose one"):
-        ElmoEmbedder(str(allennlp_model_dir), int8=True, bf16=True)
+    assert embedder.with_settings(quantize=None).quantize is None
+    with pytest.raises(EmbedSettingError, match="quantize: bf16 and int8 .* choose one"):
+        ElmoEmbedder(str(allennlp_model_dir), quantize="int8", bf16=True)
+    with pytest.raises(EmbedSettingError, match='quantize: must be None or "int8", got \'int4\''):
+        ElmoEmbedder(str(allennlp_model_dir), quantize="int4")
     source = tmp_path / "input.txt"
     source.write_text(" ".join(words) + "\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["embed", str(allennlp_model_dir), str(source), str(tmp_path / "out.npy"), "-q",

@@ -10,7 +10,7 @@ frozen vectors of the training sentences, scored on the dev sentences, for POS t
 
 Rows: each layer (0 = the char-CNN token layer, then each biLSTM layer) and their average. Words are CoNLL's gold
 tokens, one sentence per biLM row. With `--bf16` / `--int8` the vectors come from that opt-in mode
-(`ElmoEmbedder(bf16=True)` / `ElmoEmbedder(int8=True)`), and the script first prints how far the dev vectors are
+(`ElmoEmbedder(bf16=True)` / `ElmoEmbedder(quantize="int8")`), and the script first prints how far the dev vectors are
 from float32's.
 """
 
@@ -45,7 +45,7 @@ MODES = ("bf16", "int8")
 def layer_features(model: ElmoModel, sentences: list[list[str]], mode: str | None = None) -> np.ndarray:
     """(layers, tokens, width) float32: every layer of every word, sentences concatenated; `mode` ("bf16", "int8"):
     computed in that mode."""
-    embedder = ElmoEmbedder(model, layers="all", bf16=mode == "bf16", int8=mode == "int8")
+    embedder = ElmoEmbedder(model, layers="all", bf16=mode == "bf16", quantize="int8" if mode == "int8" else None)
     return np.concatenate(list(embedder.embed_sentences(sentences)), axis=1)
 
 

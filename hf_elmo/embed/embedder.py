@@ -56,12 +56,13 @@ class ElmoEmbedder:
             and on GPUs, not exact (measured on the default model: see docs/performance.md). Never chosen on its
             own. On a CPU without native bf16, where it is several times slower, float32 (`self.bf16` False), with a
             `runtime.HostWarning`.
-        int8 (`bool`, False): the int8 mode on a CPU (`model(..., quantize="int8")`: the highway's, the token
-            projection's and the LSTMs' weights in int8, quantized once; outputs float32): on the original model
+        quantize (`str`, optional): `"int8"`: the int8 mode on a CPU (as `model(..., quantize="int8")`: the
+            highway's, the token projection's and the LSTMs' weights in int8, quantized once; outputs float32): on
+            the original model
             1.6-1.9 times float32's throughput and a third to a quarter of its one-sentence latency (AVX2), not exact
             (measured on the default model: docs/performance.md). Never chosen on its own. On a GPU or a CPU
             without the kernels (x86 with AVX2), float32 (`self.quantize` None), with a `runtime.HostWarning`.
-        settings (`EmbedSettings`, optional): all of `layers` to `int8` at once, as `elmo embed` gives them; the
+        settings (`EmbedSettings`, optional): all of `layers` to `quantize` at once, as `elmo embed` gives them; the
             arguments are checked by making one (an `EmbedSettingError` names the one at fault).
     """
 
@@ -79,13 +80,13 @@ class ElmoEmbedder:
         max_sentence_words: int = 1000,
         *,
         bf16: bool = False,
-        int8: bool = False,
+        quantize: str | None = None,
         settings: EmbedSettings | None = None,
     ):
         if settings is None:
             settings = EmbedSettings(
                 layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
-                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16, int8,
+                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16, quantize,
             )
         model, tokenizer = _model_and_tokenizer(model, tokenizer)
         settings.check_model(model.config)
@@ -104,7 +105,7 @@ class ElmoEmbedder:
         self.batch_size = settings.batch_size
         self.max_sentence_words = settings.max_sentence_words
         self.bf16 = inference_dtype(self.device, settings.bf16) is not None  # float32 where bf16 is slower
-        self.quantize = quantize_mode(self.device, settings.int8)  # float32 where int8 cannot run
+        self.quantize = quantize_mode(self.device, settings.quantize)  # float32 where int8 cannot run
         self.layers = settings.layers
         self.mix = None
         num_layers = self.model.config.num_output_layers

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..configuration_elmo import integer_problem
+from ..kernels import QUANTIZE_MODES
 
 LAYER_MODES = ("all", "top", "average", "mix")
 
@@ -36,7 +37,7 @@ class EmbedSettings:
     max_sentence_words: int = 1000
     device: torch.device | None = None
     bf16: bool = False
-    int8: bool = False
+    quantize: str | None = None
 
     def __post_init__(self) -> None:
         if self.layers not in LAYER_MODES:
@@ -44,8 +45,10 @@ class EmbedSettings:
         if self.layers != "mix" and (self.scalar_parameters is not None or self.gamma != 1.0):
             raise EmbedSettingError("scalar_parameters" if self.scalar_parameters is not None else "gamma",
                                     "applies to layers='mix' only")
-        if self.bf16 and self.int8:
-            raise EmbedSettingError("int8", "bf16 and int8 are two ways to trade exactness for speed: choose one")
+        if self.quantize not in QUANTIZE_MODES:
+            raise EmbedSettingError("quantize", f'must be None or "int8", got {self.quantize!r}')
+        if self.bf16 and self.quantize:
+            raise EmbedSettingError("quantize", "bf16 and int8 are two ways to trade exactness for speed: choose one")
         for name in ("batch_tokens", "buffer_tokens", "batch_size", "max_sentence_words"):
             value = getattr(self, name)
             if value is not None and (problem := integer_problem(value, 1)):

@@ -104,7 +104,7 @@ class ElmoShim(TorchShim):
         self._model = elmo.to(get_torch_default_device())
         self.tokenizer = tokenizer if elmo.config.character_vocabulary != "bytes" else None
         self.inference_cache.clear()
-        self.quantize = quantize_mode(self.device, self.int8)
+        self.quantize = quantize_mode(self.device, "int8" if self.int8 else None)
 
     def begin_update(self, inputs: ArgsKwargs) -> tuple[Any, Callable]:
         """Thinc's: the module in training mode (dropout on: the biLM is fine-tuned), under CUDA autocast with
@@ -135,7 +135,7 @@ class ElmoShim(TorchShim):
     def to_device(self, device_type: str, device_id: int) -> None:
         if self._model is not None:
             super().to_device(device_type, device_id)
-            self.quantize = quantize_mode(self.device, self.int8)
+            self.quantize = quantize_mode(self.device, "int8" if self.int8 else None)
 
     def _config_to_save(self) -> dict | None:
         """The biLM's config, and a lexicon model's lexicons (`tokenizer_lexicons`)."""
@@ -160,7 +160,7 @@ class ElmoShim(TorchShim):
         with torch.device("meta"):
             elmo = ElmoModel(ElmoConfig.from_dict(config))
         self._model = elmo.to_empty(device=get_torch_default_device()).eval()
-        self.quantize = quantize_mode(self.device, self.int8)
+        self.quantize = quantize_mode(self.device, "int8" if self.int8 else None)
         if lexicons is not None:
             self.tokenizer = ElmoCharTokenizer.with_lexicons(
                 lexicons["char"], lexicons["word"], max_characters_per_token=elmo.config.max_characters_per_token)
