@@ -30,16 +30,18 @@ venv: $(VENV)/.installed-dev
 demo: $(VENV)/.installed-core
 	$(BIN)/elmo demo
 
-# transformers' own common model tests come from its sdist (the package index), once per transformers version.
+# transformers' own common model tests come from its sdist (the package index), once per transformers version. The
+# tests run in one pytest-xdist worker per physical core, four at most (each holds a few models; TEST_WORKERS=0: in one process).
+TEST_WORKERS ?= auto --maxprocesses 4
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check hf_elmo spacy_elmo elmo_cli tests benchmarks tools
 	$(BIN)/python tests/transformers_tests.py
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/ruff check hf_elmo spacy_elmo elmo_cli tests benchmarks tools
 	$(BIN)/python tests/transformers_tests.py
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_inference.py
