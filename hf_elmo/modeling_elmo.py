@@ -588,8 +588,9 @@ class ElmoModel(ElmoPreTrainedModel):
             word_input_ids (`torch.LongTensor` of shape `(batch, positions)`): the word ids of a model with a word
                 embedding (`config.word_embedding_dim`, ELMoForManyLangs'); its tokenizer gives them.
             quantize (`str`, optional): `"int8"`: the opt-in int8 mode on a CPU (inference only, under
-                `torch.no_grad()`; the highway's, the token projection's and the LSTMs' weights in int8, quantized
-                once and kept by `inference_cache`: docs/performance.md). None (the default): float32, exact.
+                `torch.no_grad()`, with an `inference_cache`: the highway's, the token projection's and the LSTMs'
+                weights in int8, quantized once and kept by it: docs/performance.md). None (the default): float32,
+                exact.
         """
         if quantize not in QUANTIZE_MODES:
             raise ValueError(f'quantize must be None or "int8", got {quantize!r}')
@@ -597,6 +598,10 @@ class ElmoModel(ElmoPreTrainedModel):
         if quantize is not None and self.config.implementation == "reference":
             raise ValueError('quantize="int8" runs in the kernels: load the biLM with implementation="kernels" (the '
                              "default), not \"reference\"")
+        if quantize is not None and inference_cache is None:
+            # Quantizing the weights costs more than a forward: made at every call, int8 would be slower than float32.
+            raise ValueError('quantize="int8" quantizes the weights once and keeps them in an inference cache: pass '
+                             "one, model(..., quantize=\"int8\", inference_cache=ElmoInferenceCache()), and reuse it")
         if self.config.implementation == "reference" or torch.compiler.is_compiling():
             token_repr = self.char_cnn(input_ids, mask, word_input_ids)
             recurrence = None

@@ -52,7 +52,7 @@ def test_int8_is_close_to_float32_on_every_layer_and_deterministic(real_model, b
         assert float(F.cosine_similarity(a, b).min()) > 0.99
         assert float((a - b).abs().max()) < 0.05 * float(a.abs().max())
     for again in (layers(real_model, batch, quantize="int8", inference_cache=cache),
-                  layers(real_model, batch, quantize="int8")):
+                  layers(real_model, batch, quantize="int8", inference_cache=ElmoInferenceCache())):
         assert all(torch.equal(a, b) for a, b in zip(int8, again, strict=True))
 
 
@@ -79,7 +79,7 @@ def test_int8_weights_are_quantized_once_kept_by_the_cache_and_the_token_cache_k
 
 
 def test_int8_is_thread_safe_with_a_shared_cache(real_model, batch):
-    expected = layers(real_model, batch, quantize="int8")
+    expected = layers(real_model, batch, quantize="int8", inference_cache=ElmoInferenceCache())
     cache, outputs, errors = ElmoInferenceCache(), [None] * 4, []
 
     def work(i: int) -> None:
@@ -103,8 +103,8 @@ def test_a_sentence_in_int8_depends_on_its_batch_within_the_quantization_error(r
     (float32's do not, beyond rounding); as docs/performance.md says."""
     alone = ElmoCharTokenizer().batch(fixture_sentences()[:1])
     with torch.no_grad():
-        together = real_model(**batch, quantize="int8").hidden_states
-        single = real_model(**alone, quantize="int8").hidden_states
+        together = real_model(**batch, quantize="int8", inference_cache=ElmoInferenceCache()).hidden_states
+        single = real_model(**alone, quantize="int8", inference_cache=ElmoInferenceCache()).hidden_states
         exact = real_model(**alone).hidden_states
     positions = alone["input_ids"].shape[1]
     for joint, one, reference in zip(together, single, exact, strict=True):
@@ -117,7 +117,7 @@ def test_where_int8_cannot_run_it_is_float32_with_one_line(real_model, batch, pr
     pretend_cpu("avx")  # before AVX2: no int8 kernels
     assert not runtime.int8_matmuls()
     with pytest.warns(HostWarning) as caught:
-        got = layers(real_model, batch, quantize="int8")
+        got = layers(real_model, batch, quantize="int8", inference_cache=ElmoInferenceCache())
     assert [str(w.message) for w in caught] == [INT8_AS_FLOAT32]
     assert all(torch.equal(a, b) for a, b in zip(layers(real_model, batch), got, strict=True))
     with pytest.warns(HostWarning, match="int8 was asked for"):
@@ -138,17 +138,21 @@ def test_int8_capability_is_asked_of_the_cpu(pretend_cpu):
 
 
 def test_int8_where_it_makes_no_sense_is_one_line(real_model, batch):
+    cache = ElmoInferenceCache()
     with pytest.raises(ValueError, match=r"is for inference: call the biLM under torch.no_grad\(\)"):
-        real_model(**batch, quantize="int8")  # gradient would flow to the weights
+        real_model(**batch, quantize="int8", inference_cache=cache)  # gradient would flow to the weights
     with torch.no_grad():
         with pytest.raises(ValueError, match='quantize must be None or "int8", got \'int4\''):
             real_model(**batch, quantize="int4")
-        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="choose one"):
+        # Without a cache the weights would be quantized at every call: slower than float32 (6x for one sentence).
+        with pytest.raises(ValueError, match=r"keeps them in an inference cache: pass one, .*inference_cache=Elmo"):
             real_model(**batch, quantize="int8")
+        with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="choose one"):
+            real_model(**batch, quantize="int8", inference_cache=cache)
         real_model.config.implementation = "reference"
         try:
             with pytest.raises(ValueError, match='implementation="kernels"'):
-                real_model(**batch, quantize="int8")
+                real_model(**batch, quantize="int8", inference_cache=cache)
         finally:
             real_model.config.implementation = "kernels"
 
