@@ -146,8 +146,10 @@ def lstm_cell(
     included) and the cell c (2, n, D) → the new (h (2, n, P), c), clipped where the layer clips; `project` maps h
     (2, n, D) → (2, n, P) where the layer projects."""
     cell = c.shape[-1]
+    # Gates in TensorFlow's order (i, j, f, o): the sigmoid only where it is used (not over j).
+    input_gate = torch.sigmoid(gates[..., :cell])
     candidate = torch.tanh(gates[..., cell : 2 * cell])
-    input_gate, _, forget_gate, output_gate = torch.sigmoid(gates).chunk(4, dim=-1)
+    forget_gate, output_gate = torch.sigmoid(gates[..., 2 * cell :]).chunk(2, dim=-1)
     c = torch.addcmul(forget_gate * c, input_gate, candidate)
     if weights.cell_clip is not None:
         c = c.clamp(-weights.cell_clip, weights.cell_clip)
