@@ -104,6 +104,10 @@ class ElmoShim(TorchShim):
         self._model = elmo.to(get_torch_default_device())
         self.tokenizer = tokenizer if elmo.config.character_vocabulary != "bytes" else None
         self.inference_cache.clear()
+        self._decide_quantize()
+
+    def _decide_quantize(self) -> None:
+        """`quantize`: what `int8` gives on the biLM's device, decided when the biLM is set, loaded or moved."""
         self.quantize = quantize_mode(self.device, "int8" if self.int8 else None)
 
     def begin_update(self, inputs: ArgsKwargs) -> tuple[Any, Callable]:
@@ -135,7 +139,7 @@ class ElmoShim(TorchShim):
     def to_device(self, device_type: str, device_id: int) -> None:
         if self._model is not None:
             super().to_device(device_type, device_id)
-            self.quantize = quantize_mode(self.device, "int8" if self.int8 else None)
+            self._decide_quantize()
 
     def _config_to_save(self) -> dict | None:
         """The biLM's config, and a lexicon model's lexicons (`tokenizer_lexicons`)."""
@@ -160,7 +164,7 @@ class ElmoShim(TorchShim):
         with torch.device("meta"):
             elmo = ElmoModel(ElmoConfig.from_dict(config))
         self._model = elmo.to_empty(device=get_torch_default_device()).eval()
-        self.quantize = quantize_mode(self.device, "int8" if self.int8 else None)
+        self._decide_quantize()
         if lexicons is not None:
             self.tokenizer = ElmoCharTokenizer.with_lexicons(
                 lexicons["char"], lexicons["word"], max_characters_per_token=elmo.config.max_characters_per_token)
