@@ -10,13 +10,15 @@ packs, weights cast once under GPU autocast). Neither writes a formula of its ow
 - The char CNN: `convolve_pool_activate` (every filter bank over every window of characters, max-pooled, biased,
   activated), `highway`, `project_tokens` (the word embedding beside the highway output, projected).
 - The LSTM: `lstm_cell` (one step of both directions from the gate pre-activations, clipped where the layer clips).
+- After the biLM: `scalar_mix` (the paper's mix of the layers; `scalar_mix_weights`, softmax with layer dropout) and
+  `pool_words` (one vector per sentence), which the torch module, the spaCy layers and the embedder share.
 
 Part of the Hub remote code: imports only torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -159,3 +161,73 @@ def lstm_cell(
     if weights.proj_clip is not None:
         h = h.clamp(-weights.proj_clip, weights.proj_clip)
     return h, c
+
+
+# -- after the biLM: the scalar mix and the sentence vector -------------------------------------------------------
+
+
+def scalar_mix_weights(
+    scalar_parameters: torch.Tensor, layer_dropout: float = 0.0, training: bool = False
+) -> torch.Tensor:
+    """softmax(s), shape (num_layers,). In training each layer is dropped with probability `layer_dropout`: its
+    weight is 0 and the others are renormalised (all dropped: the uniform average, as AllenNLP's)."""
+    if training and layer_dropout > 0:
+        dropped = torch.rand_like(scalar_parameters) < layer_dropout
+        scalar_parameters = scalar_parameters.masked_fill(dropped, -1e20)
+    return torch.softmax(scalar_parameters, dim=0)
+
+
+def scalar_mix(
+    layers: Sequence[torch.Tensor] | torch.Tensor,
+    weights: torch.Tensor,
+    gamma: torch.Tensor | float = 1.0,
+    mask: torch.Tensor | None = None,
+    layer_norm: bool = False,
+    layer_norm_eps: float = 1e-12,
+) -> torch.Tensor:
+    """The paper's mix, `gamma * sum_j weights_j * h_j`: `num_layers` layers (batch, positions, width) (or one
+    tensor of them all) and their weights (num_layers,) → (batch, positions, width). With `layer_norm` each layer is
+    first normalised with the mean and variance of all values of one sequence's real positions (a row of the batch,
+    `mask` (batch, positions)): a row's output never depends on the other rows. The one definition of the mix:
+    `ElmoScalarMix` (a row: one sentence, as the biLM read it), the spaCy mix (a row: one Doc, all its sentences),
+    the embedder's `"mix"` layers and the Doc vectors all compute it here."""
+    dtype = layers[0].dtype
+    weights = weights.to(dtype)
+    if isinstance(layers, torch.Tensor) and not layer_norm:  # stacked: one matmul over the layer axis
+        mixed = torch.tensordot(weights, layers, dims=1)
+    else:
+        mixed = sum(weight * (_normalise(layer, mask, layer_norm_eps) if layer_norm else layer)
+                    for weight, layer in zip(weights, layers))
+    return gamma.to(dtype) * mixed if isinstance(gamma, torch.Tensor) else gamma * mixed
+
+
+def _normalise(layer: torch.Tensor, mask: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """(batch, positions, width) → the same normalised to mean 0, variance 1 over each row's real values."""
+    if mask is None:
+        mask = torch.ones(layer.shape[:2], dtype=torch.bool, device=layer.device)
+    weights = mask.to(layer.dtype)[..., None]  # (batch, positions, 1)
+    count = (weights.sum(dim=(1, 2)) * layer.shape[-1]).clamp(min=1)[:, None, None]
+    mean = (layer * weights).sum(dim=(1, 2), keepdim=True) / count
+    variance = (((layer - mean) * weights) ** 2).sum(dim=(1, 2), keepdim=True) / count
+    return (layer - mean) / torch.sqrt(variance + eps) * weights
+
+
+def pool_words(parts: Iterable[torch.Tensor], pool: str) -> torch.Tensor:
+    """One sentence's word vectors in consecutive parts (..., n_i, width) along its words (its windows, or the whole
+    sentence as one part; read once, never held together) → (..., width): the mean over all its words (their sum /
+    their count) or the max; zeros for a sentence without words. The one definition of a sentence's vector:
+    `ElmoEmbedder(pool=...)` / `elmo embed --pool` and the spaCy component's `Doc.vector` (the mean of a Doc's
+    tokens, mixed) compute it here."""
+    if pool not in ("mean", "max"):
+        raise ValueError(f'pool must be "mean" or "max", got {pool!r}')
+    pooled, words, first = None, 0, None
+    for part in parts:
+        first = part if first is None else first
+        if not part.shape[-2]:
+            continue
+        reduced = part.sum(dim=-2) if pool == "mean" else part.amax(dim=-2)
+        pooled = reduced if pooled is None else (pooled + reduced if pool == "mean" else torch.maximum(pooled, reduced))
+        words += part.shape[-2]
+    if pooled is None:
+        return first.new_zeros((*first.shape[:-2], first.shape[-1]))
+    return pooled / words if pool == "mean" else pooled

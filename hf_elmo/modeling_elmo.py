@@ -40,6 +40,8 @@ from .formulas import (
     highway,
     lstm_cell,
     project_tokens,
+    scalar_mix,
+    scalar_mix_weights,
 )
 from .inference_cache import ElmoInferenceCache
 from .kernels import QUANTIZE_MODES, ElmoKernels
@@ -291,54 +293,8 @@ class ElmoBiLstm(nn.Module):
 # -- the scalar mix ----------------------------------------------------------------------------------------------
 
 
-def scalar_mix_weights(
-    scalar_parameters: torch.Tensor, layer_dropout: float = 0.0, training: bool = False
-) -> torch.Tensor:
-    """softmax(s), shape (num_layers,). In training each layer is dropped with probability `layer_dropout`: its
-    weight is 0 and the others are renormalised (all dropped: the uniform average, as AllenNLP's)."""
-    if training and layer_dropout > 0:
-        dropped = torch.rand_like(scalar_parameters) < layer_dropout
-        scalar_parameters = scalar_parameters.masked_fill(dropped, -1e20)
-    return torch.softmax(scalar_parameters, dim=0)
-
-
-def scalar_mix(
-    layers: Sequence[torch.Tensor] | torch.Tensor,
-    weights: torch.Tensor,
-    gamma: torch.Tensor | float = 1.0,
-    mask: torch.Tensor | None = None,
-    layer_norm: bool = False,
-    layer_norm_eps: float = 1e-12,
-) -> torch.Tensor:
-    """The paper's mix, `gamma * sum_j weights_j * h_j`: `num_layers` layers (batch, positions, width) (or one
-    tensor of them all) and their weights (num_layers,) → (batch, positions, width). With `layer_norm` each layer is
-    first normalised with the mean and variance of all values of one sequence's real positions (a row of the batch,
-    `mask` (batch, positions)): a row's output never depends on the other rows. The one definition of the mix:
-    `ElmoScalarMix` (a row: one sentence, as the biLM read it), the spaCy mix (a row: one Doc, all its sentences)
-    and the Doc vectors all compute it here."""
-    dtype = layers[0].dtype
-    weights = weights.to(dtype)
-    if isinstance(layers, torch.Tensor) and not layer_norm:  # stacked: one matmul over the layer axis
-        mixed = torch.tensordot(weights, layers, dims=1)
-    else:
-        mixed = sum(weight * (_normalise(layer, mask, layer_norm_eps) if layer_norm else layer)
-                    for weight, layer in zip(weights, layers))
-    return gamma.to(dtype) * mixed if isinstance(gamma, torch.Tensor) else gamma * mixed
-
-
-def _normalise(layer: torch.Tensor, mask: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """(batch, positions, width) → the same normalised to mean 0, variance 1 over each row's real values."""
-    if mask is None:
-        mask = torch.ones(layer.shape[:2], dtype=torch.bool, device=layer.device)
-    weights = mask.to(layer.dtype)[..., None]  # (batch, positions, 1)
-    count = (weights.sum(dim=(1, 2)) * layer.shape[-1]).clamp(min=1)[:, None, None]
-    mean = (layer * weights).sum(dim=(1, 2), keepdim=True) / count
-    variance = (((layer - mean) * weights) ** 2).sum(dim=(1, 2), keepdim=True) / count
-    return (layer - mean) / torch.sqrt(variance + eps) * weights
-
-
 class ElmoScalarMix(nn.Module):
-    """Task-specific combination of the biLM layers: `gamma * sum_j softmax(s)_j * h_j` (`scalar_mix`).
+    """Task-specific combination of the biLM layers: `gamma * sum_j softmax(s)_j * h_j` (`formulas.scalar_mix`).
 
     Args:
         num_layers: number of layers mixed (`config.n_layers + 1`).

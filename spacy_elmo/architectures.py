@@ -117,7 +117,7 @@ def scalar_mix_v1(
     trainable (bool): learn `s` and `gamma`; false keeps them at their initial values.
     layer_dropout (float): in training, drop each layer from the mix with this probability.
     layer_norm (bool): normalise each layer before mixing, with the mean and variance of all values of the Doc (all its
-        sentences; `hf_elmo.modeling_elmo.scalar_mix`, whose torch callers normalise each row, one sentence).
+        sentences; `hf_elmo.formulas.scalar_mix`, whose torch callers normalise each row, one sentence).
     initial_scalars (list of float or None): initial `s`; null = zeros (a uniform average). `gamma` starts at 1.
     """
     return scalar_mix(n_layers, trainable, layer_dropout, layer_norm, initial_scalars)

@@ -12,7 +12,7 @@ import torch
 from spacy.language import Language
 
 from hf_elmo.extras import require
-from hf_elmo.modeling_elmo import scalar_mix_weights
+from hf_elmo.formulas import scalar_mix_weights
 
 from .layers.pytorch import to_torch
 

@@ -5,7 +5,8 @@
   `Doc.to_bytes` and `nlp.pipe(n_process=...)`.
 * `doc._.elmo_mix`: numpy (n_layers + 1,), the fixed weights of the component's default mix.
 * `token._.elmo_vector`, `span._.elmo_vector`, `doc._.elmo_vector`: the default mix of a token; the mean over
-  the non-whitespace tokens of a span or Doc (zeros when there are none). None without `elmo_layers`.
+  the non-whitespace tokens of a span or Doc (`hf_elmo.formulas.pool_words`, as `elmo embed --pool mean`; zeros
+  when there are none). None without `elmo_layers`.
 * User hooks make `.vector`, `.has_vector`, `.vector_norm` and `.similarity` (cosine) of tokens, spans and Docs
   use these. spaCy does not keep hooks through `DocBin`, `Doc.from_bytes` or multiprocessing: the pipeline's
   `nlp.pipe` restores them on Docs from worker processes (`pipeline_component.pipe_with_vector_hooks`); after the
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from spacy.tokens import Doc, Span, Token
 
-from hf_elmo.modeling_elmo import scalar_mix
+from hf_elmo.formulas import pool_words, scalar_mix
 
 
 def register_extensions() -> None:
@@ -53,14 +54,13 @@ def _mean_vector(doc: Doc, start: int, end: int) -> np.ndarray | None:
     if layers is None:
         return None
     rows = [i for i in range(start, end) if not doc[i].is_space]
-    if not rows:
-        return np.zeros(layers.shape[-1], dtype="float32")
-    return mixed_layers(layers[:, rows].astype("float32").mean(axis=1), mix)
+    mean = pool_words([torch.from_numpy(np.ascontiguousarray(layers[:, rows], dtype="float32"))], "mean")
+    return mixed_layers(mean.numpy(), mix)
 
 
 def mixed_layers(layers: np.ndarray, mix: np.ndarray) -> np.ndarray:
     """(n_layers, ...) and (n_layers,) weights, used as given → (...) float32: the paper's mix
-    (`hf_elmo.modeling_elmo.scalar_mix`) with fixed weights and gamma 1."""
+    (`hf_elmo.formulas.scalar_mix`) with fixed weights and gamma 1."""
     # torch wants writable arrays (a read-only one, e.g. from a DocBin, is copied).
     tensors = [torch.from_numpy(np.require(array, "float32", "W")) for array in (layers, mix)]
     return scalar_mix(*tensors).numpy()

@@ -5,7 +5,7 @@ import torch
 from elmo_fixtures import ALLENNLP, require, tiny_config
 
 from hf_elmo import ElmoCharTokenizer, ElmoModel, ElmoScalarMix, ElmoWithScalarMixes, remove_sentence_boundaries
-from hf_elmo.modeling_elmo import scalar_mix
+from hf_elmo.formulas import scalar_mix
 from hf_elmo.original_format import model_from_original
 
 

@@ -2,7 +2,7 @@
 
 Input: per Doc the biLM layers (n_layers, n_tokens, width); output: per Doc (n_tokens, width). Parameters `s`
 (n_layers,) and `gamma` (1,) live in the downstream component's model, so every task learns its own. The mix itself
-is `hf_elmo.modeling_elmo.scalar_mix` (with `scalar_mix_weights` for layer dropout), the one definition the torch
+is `hf_elmo.formulas.scalar_mix` (with `scalar_mix_weights` for layer dropout), the one definition the torch
 `ElmoScalarMix` also computes: this layer runs it on the Docs as one padded batch and takes the gradients from torch.
 The paper's regulariser `l2 * ||s||^2` adds `2 * l2 * s` to the gradient of `s` at every update.
 """
@@ -17,8 +17,8 @@ from thinc.api import Model
 from thinc.types import Floats2d, Floats3d
 
 from hf_elmo.configuration_elmo import integer_problem
-from hf_elmo.modeling_elmo import scalar_mix as mix_layers
-from hf_elmo.modeling_elmo import scalar_mix_weights
+from hf_elmo.formulas import scalar_mix as mix_layers
+from hf_elmo.formulas import scalar_mix_weights
 
 from .pytorch import to_torch, to_xp
 
