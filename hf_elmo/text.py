@@ -3,11 +3,11 @@
 Every user of the biLM goes through these steps, in this order: the tokenizer (`ElmoCharTokenizer`),
 `elmo embed` / `ElmoEmbedder`, the spaCy component's biLM layer and `elmo pretrain` / `elmo evaluate`.
 
-1. **Lines** (`read_lines`): files (`.gz` read compressed) or streams, UTF-8, split on `\\n` only, a `\\r` before
-   it and a leading BOM dropped. Bytes that are not valid UTF-8 never fail: each becomes a lone surrogate
-   U+DC80..U+DCFF (`surrogateescape`), so one line gives the same words in every command. What is not UTF-8 text
-   at all (a UTF-16 or UTF-32 byte-order mark, a NUL byte) is `NotTextError`, one line naming the file; another
-   encoding is read when named (`encoding=`, `elmo embed --encoding`).
+1. **Lines** (`read_lines`): files or streams (gzip read compressed, known by its first bytes), UTF-8, split on
+   `\\n` only, a `\\r` before it and a leading BOM dropped. Bytes that are not valid UTF-8 never fail: each
+   becomes a lone surrogate U+DC80..U+DCFF (`surrogateescape`), so one line gives the same words in every command.
+   What is not UTF-8 text at all (a UTF-16 or UTF-32 byte-order mark, a NUL byte) is `NotTextError`, one line
+   naming the file; another encoding is read when named (`encoding=`, `elmo embed --encoding`).
 2. **Words** (`split_into_words`, `get_word_tokenizer`): the word tokenizer a model was trained with, recorded in
    its `config.word_tokenizer`:
    * `"elmo"` (`split_words`): Moses-style, clitics and punctuation split off;
@@ -33,6 +33,7 @@ import glob
 import gzip
 import io
 import os
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -85,8 +86,10 @@ def read_lines(
     source: str | os.PathLike | BinaryIO | IO[str],
     on_bytes: Callable[[int], object] | None = None,
     encoding: str = "utf-8",
+    first_line: int = 0,
 ) -> Iterator[str]:
-    """The lines of a file (`.gz` read compressed) or of a byte or text stream, without line ends (streamed).
+    """The lines of a file or of a byte or text stream, without line ends (streamed); gzip is read compressed
+    (`decompressed`), a damaged one raising `NotTextError`.
 
     Lines end at `\\n` only (a `\\r` before it and a BOM at the start are dropped; other Unicode line breaks stay
     inside the line). In UTF-8 (the default), bytes that are not valid UTF-8 never fail: they decode to lone
@@ -94,23 +97,39 @@ def read_lines(
     UTF-16 or UTF-32 byte-order mark or a NUL byte (never in UTF-8 text) raises `NotTextError`. Another `encoding`
     (a Python codec name: "utf-16", "latin-1", "cp1252", ...) is decoded strictly, a byte it cannot decode or a NUL
     character raising `NotTextError`. `on_bytes` is called with the size of every raw line (in another encoding,
-    with the bytes read since the previous line: e.g. a progress bar's `update`).
+    with the bytes read since the previous line: e.g. a progress bar's `update`). `first_line`: the 0-based number
+    of the first line read, for a stream read from inside a file (its messages count from there; no BOM there).
     """
     if isinstance(source, (str, os.PathLike)):
-        with gzip.open(source, "rb") if str(source).endswith(".gz") else open(source, "rb") as stream:
-            yield from _lines(stream, on_bytes, encoding, str(source))
+        with open(source, "rb") as stream:
+            yield from _lines(decompressed(stream), on_bytes, encoding, str(source), first_line)
         return
-    yield from _lines(source, on_bytes, encoding, str(getattr(source, "name", "the input")).replace("<stdin>", "stdin"))
+    name = str(getattr(source, "name", "the input")).replace("<stdin>", "stdin")
+    stream = source if isinstance(source, io.TextIOBase) or first_line else decompressed(source)
+    yield from _lines(stream, on_bytes, encoding, name, first_line)
 
 
-def _lines(stream: BinaryIO | IO[str], on_bytes: Callable[[int], object] | None, encoding: str, name: str
-           ) -> Iterator[str]:
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def decompressed(stream: BinaryIO) -> BinaryIO:
+    """`stream` as text bytes: decompressed where it is gzip (its first two bytes say so, whatever its name: a
+    `.gz` file, or gzip piped to stdin), else itself (buffered where it cannot peek at its start)."""
+    if not hasattr(stream, "peek"):
+        stream = io.BufferedReader(_Reading(stream))
+    if stream.peek(2)[:2] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=stream, mode="rb")
+    return stream
+
+
+def _lines(stream: BinaryIO | IO[str], on_bytes: Callable[[int], object] | None, encoding: str, name: str,
+           first_line: int = 0) -> Iterator[str]:
     """`read_lines` of an open stream named `name` (for the errors)."""
     counted = None  # the bytes under a stream decoded here
     if codecs.lookup(encoding).name != "utf-8" and not isinstance(stream, io.TextIOBase):
         counted = _CountingReader(stream)
         stream = io.TextIOWrapper(io.BufferedReader(counted), encoding=encoding, errors="strict", newline="\n")
-    for index, raw in enumerate(_decoding_errors(stream, encoding, name)):
+    for index, raw in enumerate(_decoding_errors(stream, encoding, name), first_line):
         if isinstance(raw, bytes):
             if index == 0 and (bom := next((b for b in FOREIGN_BYTE_ORDER_MARKS if raw.startswith(b)), None)):
                 found = FOREIGN_BYTE_ORDER_MARKS[bom]
@@ -138,6 +157,25 @@ def _decoding_errors(stream: Iterator, encoding: str, name: str) -> Iterator:
     except UnicodeDecodeError as error:
         raise NotTextError(f"{name} is not {encoding} text ({error.reason}): name its encoding (elmo embed "
                            "--encoding)") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise NotTextError(f"{name} is damaged gzip ({error or 'it ends too soon'}): download or compress it "
+                           "again") from None
+
+
+class _Reading(io.RawIOBase):
+    """A binary stream read through (for a buffer to peek at its start), never closing it."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+        self.name = getattr(stream, "name", "the input")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 class _CountingReader(io.RawIOBase):
