@@ -31,8 +31,9 @@ demo: $(VENV)/.installed-core
 	$(BIN)/elmo demo
 
 # transformers' own common model tests come from its sdist (the package index), once per transformers version. The
-# tests run in one pytest-xdist worker per physical core, four at most (each holds a few models; TEST_WORKERS=0: in one process).
-TEST_WORKERS ?= auto --maxprocesses 4
+# tests run in one pytest-xdist worker per physical core, four at most (each holds a few models; TEST_WORKERS=0: in one
+# process); the Ray tests (one cluster for their module) stay in one worker (`xdist_group`).
+TEST_WORKERS ?= auto --maxprocesses 4 --dist loadgroup
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check hf_elmo spacy_elmo elmo_cli tests benchmarks tools
 	$(BIN)/python tests/transformers_tests.py

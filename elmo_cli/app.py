@@ -12,14 +12,12 @@ A package of its own, apart from `hf_elmo`, so that `--help`, `--version` and us
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import json
 import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from enum import Enum
 from functools import partial
 from importlib.metadata import version as installed_version
@@ -30,7 +28,7 @@ import typer
 from typer.core import TyperCommand
 
 if TYPE_CHECKING:
-    from hf_elmo import ElmoConfig, ElmoEmbedder, ElmoForBidirectionalLM, ElmoModel
+    from hf_elmo import ElmoConfig, ElmoForBidirectionalLM, ElmoModel
 
 
 class ElmoCommand(TyperCommand):
@@ -66,10 +64,11 @@ class ElmoCommand(TyperCommand):
 
 
 def _show_warning(show: Callable, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-    """`HostWarning`s as one line; others as `show` shows them."""
+    """`HostWarning`s and `LeftoverWarning`s as one line; others as `show` shows them."""
+    from hf_elmo.embed.outputs import LeftoverWarning
     from hf_elmo.runtime import HostWarning  # loaded: only its code warns about the host
 
-    if issubclass(category, HostWarning):
+    if issubclass(category, (HostWarning, LeftoverWarning)):
         typer.echo(f"Warning: {message}", err=True)
     else:
         show(message, category, *args, **kwargs)
@@ -124,7 +123,7 @@ def _names_a_model(argument: str) -> bool:
     name with an output's suffix is not one, and takes no import to tell."""
     if (Path(argument) / "config.json").is_file():
         return True
-    if Path(argument).suffix.lower() in (".npy", ".hdf5", ".h5"):
+    if Path(argument).suffix.lower() in (".npy", ".hdf5", ".h5", ".parquet", ".pq"):
         return False
     from hf_elmo import MODEL_NAMES
 
@@ -290,13 +289,19 @@ EMBED_FLAGS = {
     "layers": "--layers", "scalar_parameters": "--weights", "gamma": "--gamma", "batch_tokens": "--batch-tokens",
     "buffer_tokens": "--buffer-tokens", "batch_size": "--batch-size", "max_sentence_words": "--max-sentence-words",
     "device": "--device", "cuda_device": "--cuda-device", "bf16": "--bf16", "quantize": "--int8", "output": "OUTPUT",
-    "sentence_keys": "--use-sentence-keys",
+    "sentence_keys": "--use-sentence-keys", "pool": "--pool", "dtype": "--dtype", "workers": "--workers",
+    "cpus_per_worker": "--cpus-per-worker", "gpus_per_worker": "--gpus-per-worker", "shard_size": "--shard-size",
+    "stall_timeout": "--stall-timeout", "address": "--ray-address",
 }
+# `--pool` and `--dtype`: the embedder's (`hf_elmo.embed.POOLS`, `DTYPES`; a test keeps them in step).
+Pool = Enum("Pool", {"mean": "mean", "max": "max"}, type=str)
+Dtype = Enum("Dtype", {"float32": "float32", "float16": "float16"}, type=str)
+GLOB_CHARACTERS = ("*", "?", "[")
 
 
 @contextmanager
 def _setting_errors() -> Iterator[None]:
-    """A bad setting as a usage error naming its flag; a missing h5py in one line."""
+    """A bad setting as a usage error naming its flag; a missing extra in one line."""
     from hf_elmo.embed import EmbedSettingError
 
     try:
@@ -307,13 +312,52 @@ def _setting_errors() -> Iterator[None]:
         _fail(str(error))
 
 
+@contextmanager
+def _interruptible(interrupted: Callable[[], str]) -> Iterator[None]:
+    """SIGTERM as SIGINT (so that what a run writes is cleaned up, as on Ctrl-C), and either as one line,
+    `interrupted()`, exit status 130."""
+    import signal
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(f"Interrupted: {interrupted()}", err=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _split_embed_arguments(arguments: list[str], original_weights: bool, ray: bool) -> tuple[str, list[str], Path]:
+    """`[MODEL] INPUT... OUTPUT` → the model, the inputs and the output. With three arguments the first is the model
+    (as before several inputs were read); with more, the first is the model when it names one, or is no file,
+    directory or pattern (a Hub id)."""
+    if len(arguments) < 2 or (original_weights and len(arguments) > 2 and not ray):
+        raise typer.BadParameter(
+            "expected [MODEL] INPUT... OUTPUT (INPUT OUTPUT with --options-file/--weight-file)",
+            param_hint="[MODEL] INPUT... OUTPUT",
+        )
+    *rest, output = arguments
+    first = rest[0]
+    names_model = not original_weights and len(rest) > 1 and (
+        len(rest) == 2 or _names_a_model(first)
+        or not (Path(first).exists() or first == "-" or any(c in first for c in GLOB_CHARACTERS)))
+    model = first if names_model else DEFAULT_MODEL_NAME
+    return model, rest[1:] if names_model else rest, Path(output)
+
+
 @app.command(cls=ElmoCommand)
 def embed(
     arguments: Annotated[list[str], typer.Argument(
-        metavar="[MODEL] INPUT OUTPUT",
+        metavar="[MODEL] INPUT... OUTPUT",
         help=f"MODEL: {MODEL_HELP} [default: `default`, or the original weights of --options-file/--weight-file]. "
-        "INPUT: text file, one sentence per line; `-`: stdin. OUTPUT: a `.npy` file, or any other name for HDF5 "
-        "(`.hdf5`, `.h5`, ...: AllenNLP's `elmo` layout, which `allennlp elmo` writes whatever the name).",
+        "INPUT: a text file (gzip read compressed), one sentence per line, `-` for stdin; a `.jsonl` or `.parquet` "
+        "file with the text in --text-column; several, glob patterns or directories with a Parquet OUTPUT or --ray. "
+        "OUTPUT: a `.npy` file, a `.parquet` file, any other name for HDF5 (AllenNLP's `elmo` layout, which "
+        "`allennlp elmo` writes whatever the name); with --ray, a directory of Parquet shards.",
     )],
     tokenized: Annotated[
         bool | None,
@@ -341,6 +385,13 @@ def embed(
         typer.Option(help="With `--layers mix`: comma-separated scalar parameters s, one per layer (softmaxed)."),
     ] = None,
     gamma: Annotated[float, typer.Option(help="With `--layers mix`: the scale gamma.")] = 1.0,
+    pool: Annotated[
+        Pool | None,
+        typer.Option(help="One vector per sentence, the `mean` or `max` over its words of the --layers chosen (as "
+                     "the spaCy component's Doc.vector, a mean) [default: a vector per word]."),
+    ] = None,
+    dtype: Annotated[Dtype, typer.Option(help="The vectors' type in OUTPUT: float16 halves its size.")] = (
+        Dtype.float32),
     batch_tokens: Annotated[
         int, typer.Option(min=1, help="Padded positions per forward pass (sentence boundaries included).")
     ] = 4096,
@@ -360,6 +411,9 @@ def embed(
     use_sentence_keys: Annotated[
         bool, typer.Option("--use-sentence-keys", help="hdf5: name each dataset by its line instead of its index.")
     ] = False,
+    text_column: Annotated[
+        str, typer.Option(help="The field (JSON Lines) or column (Parquet) of INPUT that holds the text.")
+    ] = "text",
     device: Annotated[str | None, typer.Option(help="`cpu`, `cuda`, `cuda:1`, ... [default: cpu]")] = None,
     cuda_device: Annotated[
         int | None, typer.Option(help="`allennlp elmo`'s device: -1 for the CPU, n for cuda:n.")
@@ -379,6 +433,30 @@ def embed(
     ] = False,
     encoding: Annotated[str, typer.Option(help="INPUT's encoding, e.g. `utf-16` (with its byte-order mark), "
                                           "`latin-1`, `cp1252` (Python's codec names).")] = "utf-8",
+    ray: Annotated[bool, typer.Option("--ray", help="Run on a Ray cluster (Ray Data): a local one started for the "
+                                      "job, or --ray-address's. OUTPUT is a directory of Parquet shards; a rerun "
+                                      "of the same command resumes.")] = False,
+    ray_address: Annotated[
+        str | None, typer.Option(help="With --ray: an existing cluster (`auto`, `ray://host:10001`, `host:6379`) "
+                                 "[default: a local cluster for the job].")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="With --ray: model replicas, each on its own process [default: as "
+                                 "many as the cluster's CPUs (GPUs) hold].")
+    ] = None,
+    cpus_per_worker: Annotated[
+        float, typer.Option(min=0.01, help="With --ray: CPUs (torch threads) per worker.")
+    ] = 1.0,
+    gpus_per_worker: Annotated[
+        float, typer.Option(min=0, help="With --ray: GPUs per worker (1: each worker runs on a GPU).")
+    ] = 0.0,
+    shard_size: Annotated[
+        int, typer.Option(min=1, help="With --ray: sentences per shard, the unit of work, retry and resume.")
+    ] = 10_000,
+    stall_timeout: Annotated[
+        float, typer.Option(min=1, help="With --ray: seconds without progress after which a worker is taken as "
+                            "stalled and the job ends (naming it; its complete shards kept).")
+    ] = 600.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
@@ -388,26 +466,35 @@ def embed(
     AllenNLP, a blank line is a sentence without words, so that line i is always sentence i.
 
     **Input.** Line i (0-based, split on `\\n` only; `\\r\\n` and a leading BOM are accepted) is always
-    sentence i. Raw text is split into words by the word tokenizer the model was trained with
-    (`config.word_tokenizer`: spaCy's English tokenizer for `default`), else by `split_words` (punctuation,
-    clitics, CJK characters and emoji become words); `--tokenized` splits on whitespace only (`str.split`).
-    An empty or whitespace-only line is a sentence with no words. Words longer than 48 UTF-8 bytes are cut
-    by the tokenizer; control characters, emoji and CJK are ordinary characters; `<S>`/`</S>` given
-    as words are encoded as sentence boundaries (AllenNLP's behaviour). The input is decoded as UTF-8 with
-    `surrogateescape`: invalid bytes never fail, each becomes a lone surrogate U+DC80..U+DCFF, encoded by the
-    tokenizer as 3 bytes (`elmo`'s word splitter makes it a word of its own; spaCy's, as for `default`, keeps it
-    inside its word, e.g. `ab\\udcffcd`). An input that is not UTF-8 text at all (a UTF-16 or UTF-32 byte-order
-    mark, a NUL byte) fails in one line and writes nothing; `--encoding` reads another encoding (strictly).
+    sentence i; gzip is read compressed (known by its first bytes), from a file or stdin. Raw text is split into
+    words by the word tokenizer the model was trained with (`config.word_tokenizer`: spaCy's English tokenizer for
+    `default`), else by `split_words` (punctuation, clitics, CJK characters and emoji become words); `--tokenized`
+    splits on whitespace only (`str.split`). An empty or whitespace-only line is a sentence with no words. Words
+    longer than 48 UTF-8 bytes are cut by the tokenizer; control characters, emoji and CJK are ordinary characters;
+    `<S>`/`</S>` given as words are encoded as sentence boundaries (AllenNLP's behaviour). The input is decoded as
+    UTF-8 with `surrogateescape`: invalid bytes never fail, each becomes a lone surrogate U+DC80..U+DCFF, encoded
+    by the tokenizer as 3 bytes (`elmo`'s word splitter makes it a word of its own; spaCy's, as for `default`,
+    keeps it inside its word, e.g. `ab\\udcffcd`); a Parquet output, which holds text as UTF-8, refuses such a line
+    in one line. An input that is not UTF-8 text at all (a UTF-16 or UTF-32 byte-order mark, a NUL byte) fails in
+    one line and writes nothing; `--encoding` reads another encoding (strictly). A `.jsonl` input holds an object
+    per line, a `.parquet` input a row per sentence, the text under `--text-column`.
 
-    **Output.** HDF5 for any name but `.npy` (`.hdf5`, `.h5`, or `.txt` as `allennlp elmo` scripts name it):
-    AllenNLP's `elmo` layout, one float32 dataset per sentence named by its line
-    index, shape (layers, words, width) with `--layers all` else (words, width), plus `sentence_to_index`
-    (a JSON string {stripped line: "index"}; a repeated line maps to its last index); with
-    `--use-sentence-keys` each dataset is named by its stripped line (written once per distinct line) and there
-    is no `sentence_to_index`. `.npy`: the vectors of all
-    words in input order, (total words, layers, width) or (total words, width), and `<stem>.offsets.npy`
-    (int64, sentences + 1): sentence i is rows offsets[i]:offsets[i+1] (an empty sentence repeats an offset).
-    The output appears only when complete.
+    **Output.** HDF5 for any name but `.npy` and `.parquet` (`.hdf5`, `.h5`, or `.txt` as `allennlp elmo`
+    scripts name it): AllenNLP's `elmo` layout, one dataset per sentence named by its line index, shape (layers,
+    words, width) with `--layers all` else (words, width), plus `sentence_to_index` (a JSON string {stripped line:
+    "index"}; a repeated line maps to its last index); with `--use-sentence-keys` each dataset is named by its
+    stripped line (written once per distinct line) and there is no `sentence_to_index`. `.npy`: the vectors of all
+    words in input order, (total words, layers, width) or (total words, width), and `<stem>.offsets.npy` (int64,
+    sentences + 1): sentence i is rows offsets[i]:offsets[i+1] (an empty sentence repeats an offset). `.parquet`:
+    a row per sentence with its source file, line, text, words and vectors as plain nested lists (read by pyarrow,
+    pandas, polars, DuckDB; `hf_elmo.embed.read_vectors` gives NumPy arrays). `--pool mean|max`: one vector per
+    sentence ((layers, width) or (width,); `.npy` without offsets); `--dtype float16`: half the size.
+
+    **Nothing lost.** OUTPUT appears only when complete (written to a hidden `.partial` file beside it); a run
+    stopped by Ctrl-C or SIGTERM removes it, and a killed run's is removed by the next run to OUTPUT, which says so
+    (leftovers of other outputs in the directory are named). A second run to the same OUTPUT is refused while the
+    first runs, and an OUTPUT that is an INPUT (by any path or link) before anything is written. A full disk or a
+    file-size limit is one line naming the file.
 
     **Layers.** `mix` computes gamma * sum_j softmax(s)_j * layer_j as `ElmoScalarMix`, s from `--weights`
     (default zeros: the average); e.g. `--weights=-9e10,1,-9e10` selects the first biLSTM layer.
@@ -415,41 +502,49 @@ def embed(
     **Batching.** Sentences are read in chunks of `--buffer-tokens` positions, sorted by length, run in batches
     of at most `--batch-tokens` positions and written in input order, so memory does not grow with the input
     (except `sentence_to_index`; see `--forget-sentences`; oneDNN's kernel caches are capped at 64 shapes unless
-    ONEDNN_PRIMITIVE_CACHE_CAPACITY / LRU_CACHE_CAPACITY are set). A sentence's vectors do not depend on its batch.
-    A line longer than `--max-sentence-words` (1000) runs as consecutive windows of that many words, each from the
-    zero state, its vectors concatenated: a huge line needs the memory of a window plus its output.
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY / LRU_CACHE_CAPACITY are set). A sentence's vectors depend on its batch by
+    float32 rounding only (at most 6.4e-6 on the default model; the same batches, the same bytes). A line longer than
+    `--max-sentence-words` (1000) runs as consecutive windows of that many words, each from the zero state, its
+    vectors concatenated: a huge line needs the memory of a window plus its output (in Parquet, of its row).
 
     **Threads.** torch uses the cores this process may use that no other process is busy on when it starts
     (OMP_NUM_THREADS or `--threads N` say otherwise): more threads than free cores make every step wait for a
     descheduled thread, many times slower. On a machine that gets busy later, give `--threads 1` (or the cores
     left free).
 
-    **Several processes or nodes.** Under a launcher (`torchrun --nproc-per-node 4 -m elmo_cli embed ...`,
-    or `accelerate launch`), each process embeds a contiguous share of the lines into hidden part files next to
-    OUTPUT (a filesystem all processes see), and process 0 joins them into OUTPUT: the same file, keys and order
-    as one process gives. INPUT must be a file. `--device cuda` uses each process's local GPU.
+    **A Ray cluster (`--ray`).** The inputs are cut into shards of `--shard-size` sentences, which Ray Data hands
+    to `--workers` model replicas (`--cpus-per-worker` threads, `--gpus-per-worker` GPUs each; a worker that dies is
+    replaced and its shard redone). OUTPUT is a directory of Parquet shards `part-NNNNN.parquet`, in input order,
+    that appears when every shard is complete; until then the shards sit in a hidden `.OUTPUT.partial` directory
+    beside it, and the same command rerun keeps the complete ones (checked) and redoes the rest. A worker that
+    makes no progress for `--stall-timeout` seconds ends the job in one line naming it. Without --ray-address a
+    local cluster is started for the job; OUTPUT (and MODEL, if a directory) must be on a filesystem every node
+    sees.
     """
     original_weights = options_file is not None or weight_file is not None
-    if len(arguments) not in (2, 3) or (original_weights and len(arguments) == 3):
-        raise typer.BadParameter(
-            "expected [MODEL] INPUT OUTPUT (INPUT OUTPUT with --options-file/--weight-file)",
-            param_hint="[MODEL] INPUT OUTPUT",
-        )
-    model = arguments[0] if len(arguments) == 3 else DEFAULT_MODEL_NAME
-    # A str, not a Path with allow_dash: typer 0.29 compares Path("-") with "-" and rejects stdin.
-    input_file, output_file = arguments[-2], Path(arguments[-1])
-    if (len(arguments) == 2 or not Path(input_file).exists()) and _names_a_model(arguments[-1]):
+    model, inputs, output_file = _split_embed_arguments(arguments, original_weights, ray)
+    missing = any(name != "-" and not any(c in name for c in GLOB_CHARACTERS) and not Path(name).exists()
+                  for name in inputs)
+    if (len(arguments) == 2 or missing) and _names_a_model(arguments[-1]):
         usage = f"elmo embed {arguments[-1]} {' '.join(arguments[:-1])}" + (" OUTPUT" if len(arguments) == 2 else "")
         raise typer.BadParameter(f"{arguments[-1]} is a model, which comes first: {usage}",
-                                 param_hint="[MODEL] INPUT OUTPUT")
-    if input_file != "-" and not Path(input_file).exists():
-        raise typer.BadParameter(f"{input_file} does not exist", param_hint="INPUT")
-    if Path(input_file).is_dir():
-        raise typer.BadParameter(f"{input_file} is a directory", param_hint="INPUT")
+                                 param_hint="[MODEL] INPUT... OUTPUT")
+    for name in inputs:
+        if name != "-" and not any(c in name for c in GLOB_CHARACTERS) and not Path(name).exists():
+            raise typer.BadParameter(f"{name} does not exist", param_hint="INPUT")
+        if Path(name).is_dir() and not ray and output_file.suffix.lower() not in (".parquet", ".pq"):
+            raise typer.BadParameter(f"{name} is a directory: its files go into a Parquet OUTPUT (`.parquet`) or "
+                                     "--ray", param_hint="INPUT")
+    if "-" in inputs and (ray or len(inputs) > 1):
+        raise typer.BadParameter("stdin (`-`) is read alone, in one process: give files", param_hint="INPUT")
+    several = len(inputs) > 1 or any(Path(name).is_dir() or any(c in name for c in GLOB_CHARACTERS)
+                                     for name in inputs)
     if not output_file.parent.is_dir():
         _fail(f"output directory {output_file.parent} does not exist")
-    if output_file.is_dir():
+    if output_file.is_dir() and not ray:
         _fail(f"{output_file} is a directory")
+    if ray and output_file.exists() and not output_file.is_dir():
+        _fail(f"{output_file} is a file: --ray writes a directory of Parquet shards; name a directory")
     try:
         codecs.lookup(encoding)
     except LookupError:
@@ -464,17 +559,30 @@ def embed(
                                  "neither", param_hint="--options-file/--weight-file")
     if device is not None and cuda_device is not None:
         raise typer.BadParameter("give one of them, not both", param_hint="--device/--cuda-device")
+    if ray and (device is not None or cuda_device is not None or original_weights or threads is not None):
+        raise typer.BadParameter("with --ray, workers run where --gpus-per-worker and --cpus-per-worker say, on a "
+                                 "MODEL (convert original weights with `elmo convert`)",
+                                 param_hint="--device/--cuda-device/--threads/--options-file")
+    ray_only = {"--ray-address": ray_address is not None, "--workers": workers is not None,
+                "--cpus-per-worker": cpus_per_worker != 1.0, "--gpus-per-worker": gpus_per_worker != 0.0,
+                "--shard-size": shard_size != 10_000, "--stall-timeout": stall_timeout != 600.0}
+    if not ray and any(ray_only.values()):
+        raise typer.BadParameter("applies to --ray only", param_hint=next(flag for flag, set_ in ray_only.items()
+                                                                          if set_))
     _hf_elmo()
     import torch
 
     from hf_elmo import original_format
     from hf_elmo.allennlp import cuda_device_to_device
     from hf_elmo.embed import ElmoEmbedder, EmbedSettingError, EmbedSettings, check_output, embed_file
-    from hf_elmo.loading import load_original
+    from hf_elmo.embed.outputs import OutputLock, check_not_input
+    from hf_elmo.embed.writers import output_files
+    from hf_elmo.loading import ModelLoadError, load_model_and_tokenizer, load_original
     from hf_elmo.runtime import OutOfDeviceMemoryError, bound_onednn_caches, set_threads
 
     with _setting_errors():
-        check_output(output_file, use_sentence_keys)
+        if not ray:
+            check_output(output_file, use_sentence_keys)
         if original_weights:
             original_format.require_h5py("--options-file/--weight-file")
         # AllenNLP's flags in this package's terms (`hf_elmo.allennlp`): the layers above, the device here.
@@ -488,55 +596,82 @@ def embed(
             buffer_tokens=buffer_tokens,
             batch_size=batch_size,
             max_sentence_words=max_sentence_words,
-            device=chosen_device or torch.device("cpu"),
+            device=chosen_device or (None if ray else torch.device("cpu")),
             bf16=bf16,
             quantize="int8" if int8 else None,
+            pool=pool.value if pool else None,
+            dtype=dtype.value,
         )
-        # Started by torchrun / accelerate launch: this process embeds its share (see embed_file_in_parts).
-        rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        if world_size > 1 and settings.device.type == "cuda" and settings.device.index is None:
-            local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            settings = dataclasses.replace(settings, device=local)
-        if not original_weights:
-            settings.check_model(_load_config(model))
+    options = dict(tokenized=original_weights if tokenized is None else tokenized, encoding=encoding,
+                   text_column=text_column)
+    if ray:
+        _embed_on_ray(model, inputs, output_file, settings, options, quiet, address=ray_address, workers=workers,
+                      cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, shard_size=shard_size,
+                      stall_timeout=stall_timeout)
+        return
+    try:
+        # Before the model loads, at once: an output that is an input, or that another run is writing, is refused
+        # (the writer checks both again, holding the lock from its first byte to its last).
+        check_not_input(output_files(output_file), [n for n in inputs if n != "-"] or [_stdin()])
+        OutputLock(output_file).acquire().release()
+    except OSError as error:
+        _fail(str(error))
     set_threads(threads)
     bound_onednn_caches()
     try:
         if original_weights:
-            model = load_original(options_file, weight_file)
-            settings.check_model(model.config)
-        embedder = ElmoEmbedder(model, settings=settings)
+            loaded, tokenizer = load_original(options_file, weight_file), None
+        else:
+            loaded, tokenizer = load_model_and_tokenizer(model)  # the name resolved once
+        settings.check_model(loaded.config)
+        embedder = ElmoEmbedder(loaded, tokenizer, settings=settings)
     except EmbedSettingError as error:
         raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
-    except (ValueError, ImportError) as error:  # ModelLoadError, OriginalFormatError, h5py missing
+    except (ModelLoadError, ValueError, ImportError) as error:  # OriginalFormatError, h5py missing
         _fail(str(error))
-    output = dict(tokenized=original_weights if tokenized is None else tokenized, progress=not quiet and rank == 0,
-                  sentence_index=not forget_sentences, sentence_keys=use_sentence_keys, encoding=encoding)
-    try:
-        if world_size > 1:
-            count = _embed_in_parts(embedder, input_file, output_file, rank, world_size, output)
-        else:
-            count = embed_file(embedder, input_file, output_file, **output)
-    except (OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
-        _fail(str(error))
-    if not quiet and rank == 0:
+    metadata = {"model": model if not original_weights else str(weight_file), "layers": settings.layers,
+                "pool": settings.pool}
+    with _interruptible(lambda: f"nothing was written to {output_file} (its partial file is removed)"):
+        try:
+            count = embed_file(embedder, inputs if several else inputs[0], output_file,
+                               progress=not quiet, sentence_index=not forget_sentences,
+                               sentence_keys=use_sentence_keys, metadata=metadata, **options)
+        except (OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
+            _fail(str(error))
+    if not quiet:
         typer.echo(f"{count} sentences written to {output_file}", err=True)
 
 
-def _embed_in_parts(
-    embedder: ElmoEmbedder, input_file: str, output_file: Path, rank: int, world_size: int, settings: dict
-) -> int:
-    """`embed_file_in_parts` in a process group of the launcher's processes (gloo: CPU or GPU, any node)."""
-    import torch.distributed as dist
+def _stdin() -> Any:
+    import sys
 
-    from hf_elmo.embed import embed_file_in_parts
+    return sys.stdin
 
-    # The barrier waits for the slowest share: allow a long run.
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(days=7))
+
+def _embed_on_ray(model: str, inputs: list[str], output: Path, settings: Any, options: dict, quiet: bool,
+                  **cluster: Any) -> None:
+    """`elmo embed --ray`: `hf_elmo.embed.ray_job.embed_on_ray`, its failures and its interruption in one line."""
+    # This process is the job's driver: no Ray call in it may start a cluster of its own once the job's has stopped,
+    # and it sends no usage statistics.
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from hf_elmo.embed import EmbedSettingError
+    from hf_elmo.embed.ray_job import JobError, JobInterrupted, embed_on_ray
+    from hf_elmo.embed.reading import InputError
+    from hf_elmo.loading import ModelLoadError
+    from hf_elmo.runtime import OutOfDeviceMemoryError
+
     try:
-        return embed_file_in_parts(embedder, input_file, output_file, rank, world_size, dist.barrier, **settings)
-    finally:
-        dist.destroy_process_group()
+        summary = embed_on_ray(model, inputs, output, settings, progress=not quiet, **options, **cluster)
+    except EmbedSettingError as error:
+        raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
+    except JobInterrupted as interrupted:
+        typer.echo(f"Interrupted: {interrupted}", err=True)
+        raise typer.Exit(130) from None
+    except (JobError, ModelLoadError, InputError, OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
+        _fail(str(error))
+    if not quiet:
+        typer.echo(summary, err=True)
 
 
 @app.command(cls=ElmoCommand)

@@ -26,8 +26,9 @@ import torch
 
 from . import embed
 from .embed.files import embed_lines
+from .embed.outputs import check_not_input
 from .embed.settings import EmbedSettingError, EmbedSettings
-from .embed.writers import open_writer
+from .embed.writers import open_writer, output_files
 from .loading import load_original
 from .modeling_elmo import ElmoModel, ElmoWithScalarMixes
 from .published import ALLENNLP_ENDPOINTS, PUBLISHED_MODELS
@@ -114,9 +115,10 @@ class ElmoEmbedder(embed.ElmoEmbedder):
                 yield line
 
         try:
-            with open_writer(Path(output_file_path), embedder.token_shape, not forget_sentences, use_sentence_keys,
+            check_not_input(output_files(output_file_path, file_format="hdf5"), [input_file])
+            with open_writer(Path(output_file_path), embedder.layout, not forget_sentences, use_sentence_keys,
                              file_format="hdf5") as writer:
-                embed_lines(embedder, sentences(), writer, tokenized=True)
+                embed_lines(embedder, sentences(), writer, tokenized=True, source=str(name))
         finally:
             if hasattr(input_file, "close"):
                 input_file.close()

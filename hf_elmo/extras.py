@@ -14,7 +14,8 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 # The library -> the extra that brings it (setup.cfg's extras_require).
-EXTRAS = {"h5py": "hdf5", "accelerate": "train", "matplotlib": "plots", "cupy": "cuda12x"}
+EXTRAS = {"h5py": "hdf5", "accelerate": "train", "matplotlib": "plots", "cupy": "cuda12x", "pyarrow": "parquet",
+          "ray": "ray"}
 
 
 def install_command(extra: str) -> str:

@@ -195,7 +195,11 @@ LOAD_ERRORS = (OSError, ValueError, RuntimeError, SafetensorError, KeyError)
 
 def load_config(name: str | os.PathLike, revision: str | None = None) -> ElmoConfig:
     """The `ElmoConfig` of a model name (see the module docstring); the weights need not be there."""
-    location = resolve_model(name, revision, weights=False)
+    return _config_at(resolve_model(name, revision, weights=False), name, revision)
+
+
+def _config_at(location: str, name: str | os.PathLike, revision: str | None) -> ElmoConfig:
+    """The config of `name`, resolved to `location` (`resolve_model`)."""
     try:
         settings, _ = ElmoConfig.get_config_dict(location, revision=revision)
         if settings.get("model_type") != ElmoConfig.model_type:
@@ -213,8 +217,14 @@ def load_model(
     """`model_class.from_pretrained` (default `ElmoModel`, which also reads the encoder of a biLM trained with a
     softmax) of a model name, from safetensors weights only, quietly, in eval mode. As with `from_pretrained`,
     `kwargs` naming config fields (e.g. `dropout=0.2`) override the saved config."""
-    location = resolve_model(name, revision)
-    config = kwargs.pop("config", None) or load_config(name, revision)
+    return _model_at(resolve_model(name, revision), name, model_class, revision, **kwargs)
+
+
+def _model_at(
+    location: str, name: str | os.PathLike, model_class: type[Model] | None, revision: str | None, **kwargs
+) -> Model:
+    """`load_model` of `name`, resolved to `location`."""
+    config = kwargs.pop("config", None) or _config_at(location, name, revision)
     overrides = {key: kwargs.pop(key) for key in list(kwargs) if hasattr(config, key)}  # as from_pretrained does
     if overrides:
         config = ElmoConfig.from_dict({**config.to_dict(), **overrides})
@@ -226,6 +236,15 @@ def load_model(
             ).eval()
     except LOAD_ERRORS as error:
         raise _loading_error(name, "weights", error) from None
+
+
+def load_model_and_tokenizer(
+    name: str | os.PathLike, model_class: type[Model] | None = None, revision: str | None = None
+) -> tuple[Model, ElmoCharTokenizer]:
+    """`load_model` and `load_tokenizer` of a model name, resolved (found, downloaded or converted, and checked)
+    once."""
+    location = resolve_model(name, revision)
+    return _model_at(location, name, model_class, revision), _tokenizer_at(location, name, revision)
 
 
 def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> ElmoModel:
@@ -242,7 +261,10 @@ def load_original(options_file: str | os.PathLike, weight_file: str | os.PathLik
 
 def load_tokenizer(name: str | os.PathLike, revision: str | None = None) -> ElmoCharTokenizer:
     """The `ElmoCharTokenizer` saved with a model (its word tokenizer and character slots)."""
-    location = resolve_model(name, revision)
+    return _tokenizer_at(resolve_model(name, revision), name, revision)
+
+
+def _tokenizer_at(location: str, name: str | os.PathLike, revision: str | None) -> ElmoCharTokenizer:
     try:
         return ElmoCharTokenizer.from_pretrained(location, revision=revision)
     except LOAD_ERRORS as error:
@@ -259,6 +281,7 @@ __all__ = [
     "format_of",
     "load_config",
     "load_model",
+    "load_model_and_tokenizer",
     "load_original",
     "load_tokenizer",
     "model_location",

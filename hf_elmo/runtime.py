@@ -169,6 +169,19 @@ def _cgroup_cpu_quota() -> float | None:
         return None
 
 
+def assigned_resources() -> tuple[float | None, int]:
+    """The CPUs and GPUs a data engine gave this worker process: a Ray worker's assigned resources (its CPUs, and
+    the GPUs Ray made visible to it); (None, 0) outside one."""
+    ray = sys.modules.get("ray")  # only where Ray runs this process: it is imported there already
+    if ray is None or not ray.is_initialized():
+        return None, 0
+    context = ray.get_runtime_context()
+    if context.worker.mode != ray.WORKER_MODE:  # the driver: nothing was assigned to it
+        return None, 0
+    resources = context.get_assigned_resources()
+    return resources.get("CPU"), len(ray.get_gpu_ids())
+
+
 def set_threads(threads: int | None = None) -> None:
     """torch's CPU threads: `threads` when given, else OMP_NUM_THREADS's when set (torch read it), else
     `default_threads()`."""

@@ -14,10 +14,10 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from elmo_fixtures import ALLENNLP, TINY_CONFIG, direct_layers, inject_out_of_memory
+from elmo_fixtures import ALLENNLP, TINY_CONFIG, direct_layers, inject_out_of_memory, require
 
 from hf_elmo import ElmoConfig, ElmoModel, split_words
-from hf_elmo.embed import ElmoEmbedder, embed_file, embed_file_in_parts, open_writer
+from hf_elmo.embed import ElmoEmbedder, Sentence, VectorLayout, embed_file, open_writer
 from hf_elmo.text import length_batches, read_lines
 
 FIXTURES = ALLENNLP
@@ -59,6 +59,27 @@ def test_vectors_do_not_depend_on_the_batch_or_its_order(tiny_model):
         assert embedding.shape == (3, len(words), 16)
         np.testing.assert_allclose(embedding, embedder.embed_batch([words])[0], atol=1e-5, rtol=0)
         np.testing.assert_allclose(embedding, direct_layers(tiny_model, words), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_on_the_shipped_model_a_sentences_vectors_move_with_its_batch_by_float32_rounding_only():
+    """What docs/performance.md states: other batchings (smaller batches, the input reversed, each sentence alone)
+    give vectors within 1e-5 of the default batching's; the same batching, the same bytes."""
+    lines = require(ALLENNLP.parents[1] / "ptb" / "ptb.valid.txt").read_text(encoding="utf-8").splitlines()
+    lines = lines[:300]
+    sentences = [line.split() for line in lines]
+    embedder = ElmoEmbedder("default", layers="all")
+    default = list(embedder.embed_sentences(sentences))
+    others = {
+        "batches of 700 positions": list(embedder.with_settings(batch_tokens=700).embed_sentences(sentences)),
+        "reversed": list(embedder.embed_sentences(sentences[::-1]))[::-1],
+        "alone": [embedder.embed_batch([words])[0] for words in sentences[:60]],
+    }
+    for name, vectors in others.items():
+        worst = max(float(np.abs(a - b).max(initial=0)) for a, b in zip(default, vectors))
+        assert worst <= 1e-5, (name, worst)
+    again = list(ElmoEmbedder("default", layers="all").embed_sentences(sentences))
+    assert all(np.array_equal(a, b) for a, b in zip(default, again, strict=True))
 
 
 def test_layer_modes_select_and_mix_the_layers(tiny_model):
@@ -122,6 +143,10 @@ def test_read_lines_splits_on_newline_only_and_never_fails_on_bad_utf8():
     assert list(read_lines(io.BytesIO(b"\n"))) == [""]
 
 
+def sentence(words: list[str], line: int = 0) -> Sentence:
+    return Sentence("in.txt", line, " ".join(words), words)
+
+
 def write_lines(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -178,18 +203,19 @@ def test_a_failure_leaves_no_output_behind(tiny_model, tmp_path):
 
     for name in ("out.npy", "out.hdf5"):
         with pytest.raises(RuntimeError, match="input broke"):
-            with open_writer(tmp_path / name, (3, 16)) as writer:
+            with open_writer(tmp_path / name, VectorLayout((3, 16))) as writer:
                 for embedding in ElmoEmbedder(tiny_model).embed_sentences(sentences()):
-                    writer.add(embedding, "fine")
+                    writer.add(embedding, sentence(["fine"]))
     assert list(tmp_path.iterdir()) == []
     # A .npy name is NumPy's, any other HDF5 (as `allennlp elmo` writes whatever the name), or the format given.
     for name, file_format, writer in (("out.txt", None, "Hdf5Writer"), ("out", None, "Hdf5Writer"),
-                                      ("out.NPY", None, "NpyWriter"), ("out.npy", "hdf5", "Hdf5Writer")):
-        opened = open_writer(tmp_path / name, (16,), file_format=file_format)
+                                      ("out.NPY", None, "NpyWriter"), ("out.npy", "hdf5", "Hdf5Writer"),
+                                      ("out.parquet", None, "ParquetWriter"), ("out.PQ", None, "ParquetWriter")):
+        opened = open_writer(tmp_path / name, VectorLayout((16,)), file_format=file_format)
         assert type(opened).__name__ == writer
         opened.discard()
-    with pytest.raises(ValueError, match="file_format: must be one of hdf5, npy, got 'csv'"):
-        open_writer(tmp_path / "out.csv", (16,), file_format="csv")
+    with pytest.raises(ValueError, match="file_format: must be one of hdf5, npy, parquet, got 'csv'"):
+        open_writer(tmp_path / "out.csv", VectorLayout((16,)), file_format="csv")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -306,8 +332,8 @@ def test_batch_size_caps_the_sentences_per_batch_without_changing_vectors(tiny_m
     assert [len(batch) for batch in batches] == [2, 2, 1]
     embedder = ElmoEmbedder(tiny_model)
     calls = []
-    embed_batch = embedder.embed_batch
-    embedder.embed_batch = lambda sentences: calls.append(len(sentences)) or embed_batch(sentences)
+    word_vectors = embedder._word_vectors
+    embedder._word_vectors = lambda sentences: calls.append(len(sentences)) or word_vectors(sentences)
     capped = list(embedder.embed_sentences(EDGE_SENTENCES, batch_size=3))
     assert max(calls) <= 3 and sum(calls) == len(EDGE_SENTENCES)
     for words, embedding in zip(EDGE_SENTENCES, capped):
@@ -330,8 +356,8 @@ class FullDisk:
 
 @pytest.mark.parametrize("suffix", [".npy", ".hdf5"])
 def test_a_full_disk_leaves_no_partial_files(tmp_path, suffix):
-    writer = open_writer(tmp_path / f"out{suffix}", (4,))
-    writer.add(np.ones((2, 4), dtype=np.float32), "a b")
+    writer = open_writer(tmp_path / f"out{suffix}", VectorLayout((4,)))
+    writer.add(np.ones((2, 4), dtype=np.float32), sentence(["a", "b"]))
     if suffix == ".npy":
         writer._vectors._file = FullDisk(writer._vectors._file)
     else:
@@ -344,8 +370,8 @@ def test_a_full_disk_leaves_no_partial_files(tmp_path, suffix):
 def test_a_new_npy_never_sits_beside_an_old_offsets_file(tmp_path, monkeypatch):
     for name in ("out.npy", "out.offsets.npy"):
         (tmp_path / name).write_bytes(b"old")
-    writer = open_writer(tmp_path / "out.npy", (4,))
-    writer.add(np.ones((2, 4), dtype=np.float32), "a b")
+    writer = open_writer(tmp_path / "out.npy", VectorLayout((4,)))
+    writer.add(np.ones((2, 4), dtype=np.float32), sentence(["a", "b"]))
     replace = os.replace
     calls = []
 
@@ -372,23 +398,6 @@ def test_long_sentences_run_as_windows_from_the_zero_state(tiny_model):
     np.testing.assert_allclose(short, direct_layers(tiny_model, words[:5]), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="max_sentence_words: must be an integer >= 1, got 0"):
         ElmoEmbedder(tiny_model, max_sentence_words=0)
-
-
-def test_embedding_in_parts_needs_a_file_and_a_valid_rank(tiny_model, tmp_path):
-    embedder = ElmoEmbedder(tiny_model)
-    source = tmp_path / "in.txt"
-    source.write_text("a b\n", encoding="utf-8")
-
-    def never_reached() -> None:
-        raise AssertionError("the barrier is reached only after a share was embedded")
-
-    with pytest.raises(ValueError, match="reads a file .* not stdin"):
-        embed_file_in_parts(embedder, "-", tmp_path / "out.npy", 0, 2, never_reached)
-    with pytest.raises(ValueError, match="rank 2 of world size 2"):
-        embed_file_in_parts(embedder, source, tmp_path / "out.npy", 2, 2, never_reached)
-    with pytest.raises(ValueError, match="sentence keys name the datasets of an HDF5 file"):
-        embed_file_in_parts(embedder, source, tmp_path / "out.npy", 0, 2, never_reached, sentence_keys=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # nothing written
 
 
 @pytest.mark.parametrize("cpu", ["avx2", "avx512", "avx512_bf16", "amx"])

@@ -6,6 +6,7 @@ network."""
 
 from __future__ import annotations
 
+import gzip
 import re
 import shlex
 import subprocess
@@ -90,6 +91,7 @@ CHECKED_ONLY = {
     ".venv/bin/python benchmarks/": "a benchmark: test_benchmarks.py runs each at toy sizes",
     "python3 benchmarks/gpu_check.py": "gpu_check on the lent GPU machine: test_benchmarks.py runs its CPU form",
     "python -m spacy_elmo mix-weights PIPELINE": "PIPELINE stands for a trained pipeline (run above on one)",
+    "elmo embed --ray --ray-address auto": "a running Ray cluster: test_ray.py runs jobs on one of two nodes",
 }
 # What a command gets on top of what is written, to run at toy sizes.
 TOY = {
@@ -239,6 +241,10 @@ def work_directory(root: Path) -> Path:
     for name in ("training", "hf_elmo", "benchmarks"):
         (work / name).symlink_to(REPO / name)
     (work / "in.txt").write_text("The bank raised its rates .\nWe sat on the river bank .\n")
+    (work / "in.txt.gz").write_bytes(gzip.compress((work / "in.txt").read_bytes()))
+    (work / "corpus").mkdir()
+    for name, text in (("a.txt", "The bank raised its rates .\n"), ("b.txt", "We sat on the river bank .\n")):
+        (work / "corpus" / name).write_text(text)
     ptb = (REPO.parent / "shared" / "data" / "ptb" / "ptb.valid.txt").read_text(encoding="utf-8")
     (work / "toy.txt").write_text("".join(ptb.splitlines(keepends=True)[:200]), encoding="utf-8")  # pretraining text
     (work / "options.json").write_bytes(require(ALLENNLP / "options.json").read_bytes())

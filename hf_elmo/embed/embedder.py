@@ -11,13 +11,14 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..formulas import pool_words
 from ..kernels import ElmoInferenceCache
-from ..loading import DEFAULT_MODEL_NAME, load_model, load_tokenizer
+from ..loading import DEFAULT_MODEL_NAME, load_model_and_tokenizer
 from ..modeling_elmo import ElmoModel, ElmoScalarMix
 from ..runtime import halve_on_out_of_memory, inference_dtype, mixed_precision, quantize_mode
 from ..text import ElmoBatch, length_batches
 from ..tokenization_elmo import ElmoCharTokenizer
-from .settings import EmbedSettings
+from .settings import EmbedSettings, VectorLayout
 from .windows import Window, chunks, sentence_index, sentence_windows
 
 
@@ -62,8 +63,16 @@ class ElmoEmbedder:
             1.6-1.9 times float32's throughput and a third to a quarter of its one-sentence latency (AVX2), not exact
             (measured on the default model: docs/performance.md). Never chosen on its own. On a GPU or a CPU
             without the kernels (x86 with AVX2), float32 (`self.quantize` None), with a `runtime.HostWarning`.
-        settings (`EmbedSettings`, optional): all of `layers` to `quantize` at once, as `elmo embed` gives them; the
+        pool (`str`, optional): `"mean"` or `"max"`: one vector per sentence over its words, after the layer choice
+            (`(layers, width)` with `"all"`, else `(width,)`; zeros for a sentence without words):
+            `formulas.pool_words`, as the spaCy component's `Doc.vector` (a mean). Default: a vector per word.
+        dtype (`str`, `"float32"`): `"float16"` gives every vector rounded to float16 (half the memory and disk).
+        settings (`EmbedSettings`, optional): all of `layers` to `dtype` at once, as `elmo embed` gives them; the
             arguments are checked by making one (an `EmbedSettingError` names the one at fault).
+
+    A sentence's float32 vectors depend on its batch in float32 rounding only (the matmuls' sums group differently
+    for other batch shapes): on the shipped model at most 6.4e-6 from the same sentence in another batch
+    (docs/performance.md); the same batches give the same bytes.
     """
 
     def __init__(
@@ -81,12 +90,15 @@ class ElmoEmbedder:
         *,
         bf16: bool = False,
         quantize: str | None = None,
+        pool: str | None = None,
+        dtype: str = "float32",
         settings: EmbedSettings | None = None,
     ):
         if settings is None:
             settings = EmbedSettings(
                 layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
-                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16, quantize,
+                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16, quantize, pool,
+                dtype,
             )
         model, tokenizer = _model_and_tokenizer(model, tokenizer)
         settings.check_model(model.config)
@@ -113,9 +125,12 @@ class ElmoEmbedder:
             self.mix = ElmoScalarMix(num_layers, initial_scalar_parameters=settings.scalar_parameters, trainable=False)
             self.mix.gamma.fill_(settings.gamma)  # trainable=False: a plain in-place update
             self.mix.to(self.device)
-        # The shape of one word's output.
+        self.pool = settings.pool
+        self.dtype = np.dtype(settings.dtype)
+        # The shape of one word's output (with `pool`, of one sentence's).
         width = self.model.config.output_dim
         self.token_shape: tuple[int, ...] = (num_layers, width) if self.layers == "all" else (width,)
+        self.layout = VectorLayout(self.token_shape, self.pool is not None, settings.dtype)
 
     def with_settings(self, **changes: object) -> ElmoEmbedder:
         """This embedder (the same model and cache) with some of its `EmbedSettings` changed (checked as any); itself
@@ -148,10 +163,15 @@ class ElmoEmbedder:
         """One sentence: `(layers, words, width)` with `layers="all"`, else `(words, width)`."""
         return self.embed_batch([sentence])[0]
 
-    @torch.inference_mode()
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One forward pass (on a GPU without the memory for it, several: the batch halved until each part fits, the
-        same vectors). Returns per sentence a float32 array `(layers, words, width)` or `(words, width)`."""
+        same vectors). Returns per sentence an array `(layers, words, width)` or `(words, width)` (with `pool`:
+        `(layers, width)` or `(width,)`), in `dtype`."""
+        return [self._finished([vectors]) for vectors in self._word_vectors(sentences)]
+
+    @torch.inference_mode()
+    def _word_vectors(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """`embed_batch` before pooling and `dtype`: float32 vectors per word."""
         return halve_on_out_of_memory(
             list(sentences), self._embed_batch, lambda parts: [array for part in parts for array in part],
             lambda words: f"a sentence of {len(words)} words",
@@ -169,6 +189,14 @@ class ElmoEmbedder:
         # Copies, so that no sentence keeps the whole batch alive.
         return [output[..., row, :words, :].copy() for row, words in enumerate(batch.word_counts)]
 
+    def _finished(self, parts: Iterable[np.ndarray]) -> np.ndarray:
+        """A sentence's float32 word vectors, in consecutive parts along its words → what the embedder gives for
+        it: pooled (`pool`) and in `dtype`. Without `pool`, one part."""
+        if self.pool is not None:
+            return pool_words(map(torch.from_numpy, parts), self.pool).numpy().astype(self.dtype, copy=False)
+        (vectors,) = parts
+        return vectors.astype(self.dtype, copy=False)
+
     def embed_sentences(
         self, sentences: Iterable[Sequence[str]], batch_size: int | None = None
     ) -> Iterator[np.ndarray]:
@@ -177,33 +205,46 @@ class ElmoEmbedder:
         The input is consumed in chunks of about `buffer_tokens` positions; each chunk is sorted by length and
         cut into batches of at most `batch_tokens` positions (and `batch_size` sentences, default the embedder's),
         so padding is small and memory bounded. A sentence longer than `max_sentence_words` is run as consecutive
-        windows of that many words, each from the zero state, and their vectors are concatenated, so a huge line
-        needs the memory of a window (plus its output), not of the whole line.
+        windows of that many words, each from the zero state, and their vectors are concatenated (or pooled), so a
+        huge line needs the memory of a window (plus its output), not of the whole line.
         """
-        for _, embedded in itertools.groupby(self.embedded_windows(sentences, batch_size), key=sentence_index):
-            first, embedding = next(embedded)
-            if len(first.words) == first.sentence_words:  # one window
-                yield embedding
+        for first, parts in self.sentence_parts(self.embedded_windows(sentences, batch_size)):
+            if self.pool is not None or len(first.words) == first.sentence_words:  # one part
+                yield next(parts)
                 continue
             # The windows' vectors copied into the sentence's array as they come: one copy of a long line.
-            joined = np.empty((*embedding.shape[:-2], first.sentence_words, embedding.shape[-1]), dtype=np.float32)
-            joined[..., : len(first.words), :] = embedding
-            start = len(first.words)
-            for window, part in embedded:  # noqa: B031 (the rest of the group, after next())
-                joined[..., start : start + len(window.words), :] = part
-                start += len(window.words)
+            embedding = next(parts)
+            joined = np.empty((*embedding.shape[:-2], first.sentence_words, embedding.shape[-1]), dtype=self.dtype)
+            start = 0
+            for part in itertools.chain([embedding], parts):
+                joined[..., start : start + part.shape[-2], :] = part
+                start += part.shape[-2]
             yield joined
+
+    def sentence_parts(
+        self, windows: Iterable[tuple[Window, np.ndarray]]
+    ) -> Iterator[tuple[Window, Iterator[np.ndarray]]]:
+        """`embedded_windows` grouped by sentence: each sentence's first window and its output in parts along its
+        words, to be read before the next sentence: its windows' vectors in `dtype`, or with `pool` one part, the
+        sentence's vector (its windows read as they come, never held together)."""
+        for _, group in itertools.groupby(windows, key=sentence_index):
+            first, vectors = next(group)
+            parts = (part for _, part in itertools.chain([(first, vectors)], group))
+            if self.pool is not None:
+                yield first, iter([self._finished(parts)])
+            else:
+                yield first, (part.astype(self.dtype, copy=False) for part in parts)
 
     def embedded_windows(
         self, sentences: Iterable[Sequence[str]], batch_size: int | None = None
     ) -> Iterator[tuple[Window, np.ndarray]]:
-        """Every window of every sentence (see `embed_sentences`) with its vectors, in input order; at most
-        `buffer_tokens` positions of windows are read ahead, sorted by length and embedded in batches."""
+        """Every window of every sentence (see `embed_sentences`) with its float32 vectors per word, in input order;
+        at most `buffer_tokens` positions of windows are read ahead, sorted by length and embedded in batches."""
         batch_size = batch_size or self.batch_size
         for chunk in chunks(sentence_windows(sentences, self.max_sentence_words), self.buffer_tokens):
             embeddings: dict[int, np.ndarray] = {}
             for batch in length_batches([len(window.words) for window in chunk], self.batch_tokens, batch_size):
-                embeddings.update(zip(batch, self.embed_batch([chunk[j].words for j in batch])))
+                embeddings.update(zip(batch, self._word_vectors([chunk[j].words for j in batch])))
             for j, window in enumerate(chunk):
                 yield window, embeddings.pop(j)
 
@@ -214,7 +255,8 @@ def _model_and_tokenizer(
     """The biLM of `ElmoEmbedder`'s arguments (a model, or where to load one), and the tokenizer of a loaded directory
     or Hub id."""
     if isinstance(model, (str, os.PathLike)):
-        return load_model(model), tokenizer or load_tokenizer(model)
+        model, saved = load_model_and_tokenizer(model)
+        return model, tokenizer or saved
     if not isinstance(model, ElmoModel):
         raise TypeError(f"model must be an ElmoModel, a directory or a Hub id, got {type(model).__name__}")
     return model, tokenizer

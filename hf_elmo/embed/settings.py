@@ -12,6 +12,24 @@ from ..configuration_elmo import integer_problem
 from ..kernels import QUANTIZE_MODES
 
 LAYER_MODES = ("all", "top", "average", "mix")
+# One vector per sentence over its words (`formulas.pool_words`), after the layer choice; None: a vector per word.
+POOLS = (None, "mean", "max")
+# What the vectors are stored in: float32 (the biLM's), or float16 (half the size; float32 rounded to nearest).
+DTYPES = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class VectorLayout:
+    """What an embedder gives and a writer stores per sentence: a vector of `token_shape` ((layers, width) or
+    (width,)) per word, or with `pooled` one of that shape per sentence, in `dtype` ("float32" or "float16")."""
+
+    token_shape: tuple[int, ...]
+    pooled: bool = False
+    dtype: str = "float32"
+
+    def shape(self, words: int) -> tuple[int, ...]:
+        """The shape of a sentence of `words` words: (layers, words, width), (words, width), or `token_shape`."""
+        return self.token_shape if self.pooled else (*self.token_shape[:-1], words, self.token_shape[-1])
 
 
 class EmbedSettingError(ValueError):
@@ -38,6 +56,8 @@ class EmbedSettings:
     device: torch.device | None = None
     bf16: bool = False
     quantize: str | None = None
+    pool: str | None = None
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.layers not in LAYER_MODES:
@@ -49,6 +69,10 @@ class EmbedSettings:
             raise EmbedSettingError("quantize", f'must be None or "int8", got {self.quantize!r}')
         if self.bf16 and self.quantize:
             raise EmbedSettingError("quantize", "bf16 and int8 are two ways to trade exactness for speed: choose one")
+        if self.pool not in POOLS:
+            raise EmbedSettingError("pool", f'must be None, "mean" or "max", got {self.pool!r}')
+        if self.dtype not in DTYPES:
+            raise EmbedSettingError("dtype", f'must be "float32" or "float16", got {self.dtype!r}')
         for name in ("batch_tokens", "buffer_tokens", "batch_size", "max_sentence_words"):
             value = getattr(self, name)
             if value is not None and (problem := integer_problem(value, 1)):
