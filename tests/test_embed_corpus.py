@@ -78,6 +78,31 @@ def test_parquet_rows_hold_what_the_embedder_gives_and_every_reader_reads_them(t
     np.testing.assert_allclose(np.array(first, dtype=np.float32), expected[2].astype(np.float32))
 
 
+@pytest.mark.slow
+def test_spark_reads_the_float32_layout_and_refuses_parquets_float16(tiny_model, tmp_path):
+    """Spark (4.x, a JVM of its own) reads the nested lists as arrays of arrays of floats; it has no type for Parquet's
+    FLOAT16, which docs/performance.md says (pyarrow, pandas, polars and DuckDB read it)."""
+    from pyspark.sql import SparkSession
+
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    for dtype in ("float32", "float16"):
+        embed_file(ElmoEmbedder(tiny_model, dtype=dtype), source, tmp_path / f"{dtype}.parquet", tokenized=True,
+                   progress=False)
+    spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "1").getOrCreate())
+    try:
+        rows = spark.read.parquet(str(tmp_path / "float32.parquet")).orderBy("line").collect()
+        expected = read_vectors(tmp_path / "float32.parquet")
+        assert [row["text"] for row in rows] == TEXTS
+        for row, vectors in zip(rows, expected, strict=True):
+            np.testing.assert_array_equal(np.array(row["vectors"], dtype=np.float32).reshape(vectors.shape), vectors)
+        with pytest.raises(Exception, match="FLOAT16"):
+            spark.read.parquet(str(tmp_path / "float16.parquet")).collect()
+    finally:
+        spark.stop()
+
+
 def test_read_vectors_of_a_table_slice_and_of_a_directory_of_shards(tiny_model, tmp_path):
     embedder = ElmoEmbedder(tiny_model)
     (tmp_path / "shards").mkdir()

@@ -1,6 +1,6 @@
-"""Embeddings as Parquet, one row per sentence, in plain Arrow types that every Parquet reader reads without this
-package or Ray (pyarrow, pandas, polars and DuckDB are tested): what `elmo embed ... out.parquet` writes, and each
-shard of `elmo embed --ray`.
+"""Embeddings as Parquet, one row per sentence, in plain Arrow types that Parquet readers read without this package
+or Ray (tested: pyarrow, pandas, polars, DuckDB, and Spark but for float16, Parquet's FLOAT16 having no Spark type):
+what `elmo embed ... out.parquet` writes, and each shard of `elmo embed --ray`.
 
 Columns:
 - `source` (string): the input file, as named or as found in a directory or glob (`-`: stdin);
