@@ -301,3 +301,42 @@ for processes in (None, 2):
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert [(r["processes"], r["rows"]) for r in reports] == [(None, 20), (2, 20)]
     assert all(r["worst"] <= 1e-5 for r in reports), reports
+
+
+def test_the_batch_callable_takes_the_cpus_and_gpu_the_engine_gave_its_worker(tiny_model_dir, monkeypatch):
+    """In a Ray worker (Ray's runtime context, pretended here), torch's threads are its assigned CPUs and the model
+    runs on the GPU Ray made visible to it; elsewhere, as `elmo embed` chooses."""
+    import types
+
+    from hf_elmo.embed import EmbedSettingError
+
+    assigned = {"CPU": 3.0}
+    context = types.SimpleNamespace(worker=types.SimpleNamespace(mode="worker"),
+                                    get_assigned_resources=lambda: assigned)
+    fake_ray = types.SimpleNamespace(is_initialized=lambda: True, get_runtime_context=lambda: context,
+                                     WORKER_MODE="worker", get_gpu_ids=lambda: gpus)
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    gpus: list[int] = []
+    ElmoBatchEmbedder(tiny_model_dir)
+    assert torch.get_num_threads() == 3
+    gpus = [0]
+    if torch.cuda.is_available():
+        assert ElmoBatchEmbedder(tiny_model_dir).embedder.device.type == "cuda"
+    else:
+        with pytest.raises(EmbedSettingError, match="device: cuda was asked for"):
+            ElmoBatchEmbedder(tiny_model_dir)
+    assert ElmoBatchEmbedder(tiny_model_dir, device="cpu", threads=1).embedder.device.type == "cpu"
+    assert torch.get_num_threads() == 1
+
+
+def test_elmo_embed_resolves_the_model_name_once(tiny_model_dir, tmp_path, monkeypatch):
+    from hf_elmo import loading
+
+    calls = []
+    resolve = loading.resolve_model
+    monkeypatch.setattr(loading, "resolve_model", lambda *a, **k: calls.append(a) or resolve(*a, **k))
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n", encoding="utf-8")
+    result = cli("embed", tiny_model_dir, source, tmp_path / "out.npy", "-q")
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1, calls
