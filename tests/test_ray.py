@@ -217,7 +217,7 @@ def test_a_stopped_driver_keeps_its_complete_shards_and_the_same_command_resumes
     source, expected = long_input
     output, partial = tmp_path / "out", tmp_path / ".out.partial"
     command = ["embed", "--ray", "--ray-address", cluster, tiny_model_dir, source, output, "--shard-size", 100,
-               "--workers", 2]
+               "--workers", 1]
     seen = 0
     for stop in (signal.SIGINT, signal.SIGKILL):
         driver = elmo(*command)
@@ -278,7 +278,7 @@ def test_bad_input_fails_its_shard_in_one_line_and_the_other_shards_are_kept(clu
     rows[4]["text"] = None
     bad.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     result = in_process("embed", "--ray", "--ray-address", cluster, tiny_model_dir, good, bad, tmp_path / "out",
-                        "--shard-size", 2, "--workers", 2, "-q")
+                        "--shard-size", 2, "--workers", 1, "-q")
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
     assert result.stderr.startswith(f"Error: {bad}: line 5: 'text' is null, not text: fix the row, drop it, or name ")
     assert "; the other shards are complete in " in result.stderr

@@ -92,6 +92,7 @@ CHECKED_ONLY = {
     "python3 benchmarks/gpu_check.py": "gpu_check on the lent GPU machine: test_benchmarks.py runs its CPU form",
     "python -m spacy_elmo mix-weights PIPELINE": "PIPELINE stands for a trained pipeline (run above on one)",
     "elmo embed --ray --ray-address auto": "a running Ray cluster: test_ray.py runs jobs on one of two nodes",
+    "elmo embed --ray corpus/": "a local Ray cluster for the job: test_ray.py runs one (and the same job's output)",
 }
 # What a command gets on top of what is written, to run at toy sizes.
 TOY = {
@@ -302,4 +303,6 @@ def test_the_documents_commands_are_each_run_checked_or_set_up():
     readme = {line: classify(line) for line in shell_lines("README.md")}
     assert sum(kind == "run" for kind in readme.values()) >= 17
     assert [line for line, kind in readme.items() if kind == "checked"] == [
+        "elmo embed --ray corpus/ vectors/ --workers 2 --cpus-per-worker 1 # a local Ray cluster for the job",
+        "elmo embed --ray --ray-address auto corpus/ /shared/vectors/ --gpus-per-worker 1 # an existing Ray cluster",
         "elmo pretrain training/english_default_gpu.yaml # the default architecture on one GPU (or accelerate launch)"]
