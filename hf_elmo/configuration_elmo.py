@@ -174,113 +174,135 @@ class ElmoConfig(PreTrainedConfig):
         kernel_options: dict | ElmoKernelOptions | None = None,
         **kwargs,
     ):
-        filters = filters if filters is not None else PUBLISHED_FILTERS
-        for name, value, minimum, maximum in (
-            ("char_embedding_dim", char_embedding_dim, 1, None), ("n_highway", n_highway, 0, None),
-            ("lstm_dim", lstm_dim, 1, None), ("projection_dim", projection_dim, 1, None),
-            ("n_layers", n_layers, 1, None), ("task_hidden_size", task_hidden_size, 1, None),
-            ("max_characters_per_token", max_characters_per_token, 3, MAX_CHARACTERS_PER_TOKEN),
-            ("vocab_size", 1 if vocab_size is None else vocab_size, 1, None),
-            ("n_characters", n_characters, 2, None), ("word_vocab_size", word_vocab_size, 0, None),
-            ("word_embedding_dim", word_embedding_dim, 0, None),
+        self.char_embedding_dim = char_embedding_dim  # size of each character's embedding
+        self.filters = PUBLISHED_FILTERS if filters is None else filters  # [width, n_filters] per convolution bank
+        self.activation = activation  # after max-pooling each bank: relu or tanh
+        self.n_highway = n_highway  # highway layers after the char CNN
+        self.n_characters = n_characters  # rows of the character embedding, row 0 padding
+        self.max_characters_per_token = max_characters_per_token  # character slots per word, markers included
+        self.character_vocabulary = character_vocabulary  # character ids from UTF-8 bytes, or a lexicon
+        self.padding_char_id = padding_char_id  # fills a word's slots after its end-of-word character
+        self.word_vocab_size = word_vocab_size  # rows of a word embedding beside the char CNN (0: none)
+        self.word_embedding_dim = word_embedding_dim  # its width (0: none)
+        self.token_projection = token_projection  # project the token representation to projection_dim
+        self.lstm_dim = lstm_dim  # LSTM memory cell size
+        self.projection_dim = projection_dim  # projected hidden state per direction; outputs are twice as wide
+        self.n_layers = n_layers  # LSTM layers per direction
+        self.cell_clip = cell_clip  # clip of the memory cell (None or 0: none)
+        self.proj_clip = proj_clip  # clip of the projected hidden state (None or 0: none)
+        self.forget_bias = forget_bias  # added to the forget gate at run time
+        self.use_skip_connections = use_skip_connections  # residual around every LSTM layer but the first
+        self.dropout = dropout  # on every LSTM layer's input and before the softmax, in training
+        self.vocab_size = vocab_size  # rows of the word softmax of ElmoForBidirectionalLM (None: encoder only)
+        self.initializer_range = initializer_range  # for transformers' tools; ELMo's own init ignores it
+        self.freeze_elmo = freeze_elmo  # the task models keep the biLM fixed
+        self.task_hidden_size = task_hidden_size  # hidden size per direction of the task models' biLSTM
+        self.classifier_dropout = classifier_dropout  # on the task models' mix and encoder output, in training
+        self.scalar_mix_l2 = scalar_mix_l2  # the task models' L2 on their layer scores
+        self.implementation = implementation  # "kernels" (the fast forms) or "reference" (the blocks' forward)
+        self.kernel_options = kernel_options  # ElmoKernelOptions fields to change
+        hidden_size = kwargs.pop("hidden_size", None)  # transformers' name for the output width: it follows
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
+        super().__init__(**kwargs)
+        self.validate(hidden_size)
+
+    def validate(self, hidden_size: int | None = None) -> None:
+        """Check every field (a `ValueError` of one line naming the field at fault) and keep each in its canonical
+        form: integer filter pairs, `None` for a clip of 0 (`options.json`'s "no clipping", as TensorFlow's
+        LSTMCell), float biases, `kernel_options` as a dict. `__init__` (so `from_dict` and `from_pretrained`) and
+        `save_pretrained` call it; `hidden_size`, given to `__init__`, must be the output width."""
+        super().validate()  # transformers' own checks
+        for name, minimum, maximum in (
+            ("char_embedding_dim", 1, None), ("n_highway", 0, None), ("lstm_dim", 1, None),
+            ("projection_dim", 1, None), ("n_layers", 1, None), ("task_hidden_size", 1, None),
+            ("max_characters_per_token", 3, MAX_CHARACTERS_PER_TOKEN), ("n_characters", 2, None),
+            ("word_vocab_size", 0, None), ("word_embedding_dim", 0, None),
         ):
-            if problem := integer_problem(value, minimum, maximum):
+            if problem := integer_problem(getattr(self, name), minimum, maximum):
                 raise ValueError(f"ElmoConfig.{name} {problem}")
+        if self.vocab_size is not None and (problem := integer_problem(self.vocab_size, 1)):
+            raise ValueError(f"ElmoConfig.vocab_size {problem}")
+        filters = self.filters
         if not isinstance(filters, (list, tuple)) or not filters or any(
             not isinstance(f, (list, tuple)) or len(f) != 2 or any(integer_problem(x, 1) for x in f) for f in filters
         ):
             raise ValueError(f"ElmoConfig.filters must be a non-empty list of [width >= 1, n_filters >= 1] integer "
                              f"pairs, got {filters!r}")
-        filters = [[int(width), int(count)] for width, count in filters]
-        if activation not in ("relu", "tanh"):
-            raise ValueError(f"ElmoConfig.activation must be 'relu' or 'tanh', got {activation!r}")
-        if character_vocabulary not in CHARACTER_VOCABULARIES:
-            raise ValueError(f"ElmoConfig.character_vocabulary must be one of {', '.join(CHARACTER_VOCABULARIES)}, got "
-                             f"{character_vocabulary!r}")
-        if character_vocabulary == "bytes" and n_characters != BYTE_CHARACTERS:
-            raise ValueError(
-                f"ElmoConfig.n_characters must be {BYTE_CHARACTERS} (261 character ids + the padding id 0) with "
-                f"character_vocabulary='bytes', got {n_characters!r}; a training options.json says 261, which "
-                "`elmo convert` accepts."
-            )
-        if character_vocabulary == "bytes" and padding_char_id != BYTE_PADDING_CHAR_ID:
-            raise ValueError(f"ElmoConfig.padding_char_id must be {BYTE_PADDING_CHAR_ID} with "
-                             f"character_vocabulary='bytes', got {padding_char_id!r}")
-        if problem := integer_problem(padding_char_id, 1, n_characters - 1):
-            raise ValueError(f"ElmoConfig.padding_char_id {problem} (a row of the character embedding, not 0)")
-        if token_projection not in (None, True, False):
-            raise ValueError(f"ElmoConfig.token_projection must be true, false or null, got {token_projection!r}")
-        if token_projection is False and word_embedding_dim + sum(n for _, n in filters) != projection_dim:
-            raise ValueError(f"ElmoConfig.token_projection is false, but the token width (the word embedding and the "
-                             f"filters: {word_embedding_dim + sum(n for _, n in filters)}) differs from "
-                             f"projection_dim ({projection_dim}): only a projection maps one onto the other")
-        if (word_vocab_size > 0) != (word_embedding_dim > 0):
-            raise ValueError(f"ElmoConfig.word_vocab_size ({word_vocab_size}) and word_embedding_dim "
-                             f"({word_embedding_dim}) are both > 0 (a word embedding) or both 0 (none)")
-        if max(w for w, _ in filters) > max_characters_per_token:
-            raise ValueError("ElmoConfig.filters: a filter is wider than max_characters_per_token")
-        if projection_dim > lstm_dim:
-            raise ValueError(f"ElmoConfig.projection_dim ({projection_dim}) cannot exceed lstm_dim ({lstm_dim})")
-        hidden_size = kwargs.pop("hidden_size", None)  # transformers' name for the output width: it follows
-        if hidden_size is not None and hidden_size != 2 * projection_dim:
-            raise ValueError(f"ElmoConfig.hidden_size is the output width 2 * projection_dim ({2 * projection_dim}), "
-                             f"got {hidden_size!r}: set projection_dim instead")
-        if isinstance(forget_bias, bool) or not isinstance(forget_bias, (int, float)):
-            raise ValueError(f"ElmoConfig.forget_bias must be a number, got {forget_bias!r}")
-        for name, value in (("cell_clip", cell_clip), ("proj_clip", proj_clip)):
+        self.filters = [[int(width), int(count)] for width, count in filters]
+        if self.activation not in ("relu", "tanh"):
+            raise ValueError(f"ElmoConfig.activation must be 'relu' or 'tanh', got {self.activation!r}")
+        self._validate_characters()
+        self._validate_token_width(hidden_size)
+        if isinstance(self.forget_bias, bool) or not isinstance(self.forget_bias, (int, float)):
+            raise ValueError(f"ElmoConfig.forget_bias must be a number, got {self.forget_bias!r}")
+        self.forget_bias = float(self.forget_bias)
+        for name in ("cell_clip", "proj_clip"):
+            value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise ValueError(f"ElmoConfig.{name} must be a number >= 0 (0 or null: no clipping), got {value!r}")
-        if not isinstance(use_skip_connections, bool):
-            raise ValueError(f"ElmoConfig.use_skip_connections must be true or false, got {use_skip_connections!r}")
-        for name, value in (("dropout", dropout), ("classifier_dropout", classifier_dropout)):
+            setattr(self, name, float(value) if value else None)
+        for name in ("use_skip_connections", "freeze_elmo"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ElmoConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("dropout", "classifier_dropout"):
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"ElmoConfig.{name} must be a number in [0, 1), got {value!r}")
-        if not isinstance(freeze_elmo, bool):
-            raise ValueError(f"ElmoConfig.freeze_elmo must be true or false, got {freeze_elmo!r}")
-        if isinstance(scalar_mix_l2, bool) or not isinstance(scalar_mix_l2, (int, float)) or scalar_mix_l2 < 0:
-            raise ValueError(f"ElmoConfig.scalar_mix_l2 must be a number >= 0, got {scalar_mix_l2!r}")
-        if implementation not in IMPLEMENTATIONS:
+        if isinstance(self.scalar_mix_l2, bool) or not isinstance(self.scalar_mix_l2, (int, float)) or (
+                self.scalar_mix_l2 < 0):
+            raise ValueError(f"ElmoConfig.scalar_mix_l2 must be a number >= 0, got {self.scalar_mix_l2!r}")
+        if self.implementation not in IMPLEMENTATIONS:
             raise ValueError(f"ElmoConfig.implementation must be one of {', '.join(IMPLEMENTATIONS)}, got "
-                             f"{implementation!r}")
-        if isinstance(kernel_options, ElmoKernelOptions):
-            kernel_options = asdict(kernel_options)
-        if kernel_options is not None and not isinstance(kernel_options, dict):
-            raise ValueError(f"ElmoConfig.kernel_options must be a dict of ElmoKernelOptions fields, got "
-                             f"{kernel_options!r}")
+                             f"{self.implementation!r}")
+        self._validate_kernel_options()
+
+    def _validate_characters(self) -> None:
+        if self.character_vocabulary not in CHARACTER_VOCABULARIES:
+            raise ValueError(f"ElmoConfig.character_vocabulary must be one of {', '.join(CHARACTER_VOCABULARIES)}, "
+                             f"got {self.character_vocabulary!r}")
+        if self.character_vocabulary == "bytes" and self.n_characters != BYTE_CHARACTERS:
+            raise ValueError(
+                f"ElmoConfig.n_characters must be {BYTE_CHARACTERS} (261 character ids + the padding id 0) with "
+                f"character_vocabulary='bytes', got {self.n_characters!r}; a training options.json says 261, which "
+                "`elmo convert` accepts."
+            )
+        if self.character_vocabulary == "bytes" and self.padding_char_id != BYTE_PADDING_CHAR_ID:
+            raise ValueError(f"ElmoConfig.padding_char_id must be {BYTE_PADDING_CHAR_ID} with "
+                             f"character_vocabulary='bytes', got {self.padding_char_id!r}")
+        if problem := integer_problem(self.padding_char_id, 1, self.n_characters - 1):
+            raise ValueError(f"ElmoConfig.padding_char_id {problem} (a row of the character embedding, not 0)")
+        if max(width for width, _ in self.filters) > self.max_characters_per_token:
+            raise ValueError("ElmoConfig.filters: a filter is wider than max_characters_per_token")
+
+    def _validate_token_width(self, hidden_size: int | None) -> None:
+        if self.token_projection not in (None, True, False):
+            raise ValueError(f"ElmoConfig.token_projection must be true, false or null, got "
+                             f"{self.token_projection!r}")
+        if self.token_projection is False and self.token_input_dim != self.projection_dim:
+            raise ValueError(f"ElmoConfig.token_projection is false, but the token width (the word embedding and the "
+                             f"filters: {self.token_input_dim}) differs from projection_dim ({self.projection_dim}): "
+                             "only a projection maps one onto the other")
+        if (self.word_vocab_size > 0) != (self.word_embedding_dim > 0):
+            raise ValueError(f"ElmoConfig.word_vocab_size ({self.word_vocab_size}) and word_embedding_dim "
+                             f"({self.word_embedding_dim}) are both > 0 (a word embedding) or both 0 (none)")
+        if self.projection_dim > self.lstm_dim:
+            raise ValueError(f"ElmoConfig.projection_dim ({self.projection_dim}) cannot exceed lstm_dim "
+                             f"({self.lstm_dim})")
+        if hidden_size is not None and hidden_size != self.output_dim:
+            raise ValueError(f"ElmoConfig.hidden_size is the output width 2 * projection_dim ({self.output_dim}), "
+                             f"got {hidden_size!r}: set projection_dim instead")
+
+    def _validate_kernel_options(self) -> None:
+        options = self.kernel_options
+        if isinstance(options, ElmoKernelOptions):
+            options = asdict(options)
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"ElmoConfig.kernel_options must be a dict of ElmoKernelOptions fields, got {options!r}")
         try:
-            ElmoKernelOptions(**(kernel_options or {}))
+            ElmoKernelOptions(**(options or {}))
         except (TypeError, ValueError) as error:
             raise ValueError(f"ElmoConfig.kernel_options: {error}") from None
-        self.char_embedding_dim = char_embedding_dim
-        self.filters = filters
-        self.activation = activation
-        self.n_highway = n_highway
-        self.n_characters = n_characters
-        self.max_characters_per_token = max_characters_per_token
-        self.character_vocabulary = character_vocabulary
-        self.padding_char_id = padding_char_id
-        self.word_vocab_size = word_vocab_size
-        self.word_embedding_dim = word_embedding_dim
-        self.token_projection = token_projection
-        self.lstm_dim = lstm_dim
-        self.projection_dim = projection_dim
-        self.n_layers = n_layers
-        # 0 means "no clipping" in options.json, as in TensorFlow's LSTMCell.
-        self.cell_clip = float(cell_clip) if cell_clip else None
-        self.proj_clip = float(proj_clip) if proj_clip else None
-        self.forget_bias = float(forget_bias)
-        self.use_skip_connections = use_skip_connections
-        self.dropout = dropout
-        self.vocab_size = vocab_size
-        self.initializer_range = initializer_range
-        self.freeze_elmo = freeze_elmo
-        self.task_hidden_size = task_hidden_size
-        self.classifier_dropout = classifier_dropout
-        self.scalar_mix_l2 = scalar_mix_l2
-        self.implementation = implementation
-        self.kernel_options = kernel_options or None
-        kwargs.setdefault("auto_map", dict(AUTO_MAP))
-        super().__init__(**kwargs)
+        self.kernel_options = options or None
 
     @property
     def n_filters(self) -> int:
