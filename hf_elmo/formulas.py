@@ -13,7 +13,7 @@ packs, weights cast once under GPU autocast). Neither writes a formula of its ow
 - After the biLM: `scalar_mix` (the paper's mix of the layers; `scalar_mix_weights`, softmax with layer dropout) and
   `pool_words` (one vector per sentence), which the torch module, the spaCy layers and the embedder share.
 
-Part of the Hub remote code: imports only torch.
+One of the Hub remote code's files (`hub.REMOTE_CODE`).
 """
 
 from __future__ import annotations

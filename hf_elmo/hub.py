@@ -19,6 +19,15 @@ from .cards import card_metadata, card_source, model_card, write_model_card
 from .loading import load_config, load_model
 from .tokenization_elmo import ElmoCharTokenizer
 
+# The package's files that `save_pretrained` copies beside a model as its Hub remote code (transformers follows the
+# relative imports of the config's, the model's and the tokenizer's files), so that `trust_remote_code=True` runs
+# them without this package: flat, importing the standard library, `REMOTE_CODE_LIBRARIES` and each other alone, and
+# `REMOTE_CODE_OPTIONAL` inside a function that needs it (tests/test_hub.py holds every file to it).
+REMOTE_CODE = ("configuration_elmo.py", "formulas.py", "inference_cache.py", "kernels.py", "modeling_elmo.py",
+               "runtime.py", "text.py", "tokenization_elmo.py")
+REMOTE_CODE_LIBRARIES = ("numpy", "regex", "torch", "transformers")
+REMOTE_CODE_OPTIONAL = ("spacy",)  # the `spacy:<lang>` word tokenizers (one ImportError line without it)
+
 
 def export_encoder(
     trained_dir: str | os.PathLike, output_dir: str | os.PathLike, note: str | None = None, remote_code: bool = True

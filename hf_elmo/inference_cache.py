@@ -1,6 +1,6 @@
 """`ElmoInferenceCache`: what inference may keep between calls of a biLM, explicit and thread-safe.
 
-Part of the Hub remote code: imports only torch and `configuration_elmo`.
+One of the Hub remote code's files (`hub.REMOTE_CODE`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@
 - Memory: `halve_on_out_of_memory` reruns a batch the GPU has no memory for in halves (the biLM's rows never depend
   on each other); one sentence that does not fit alone is `OutOfDeviceMemoryError`, one line that says what to do.
 
-Part of the Hub remote code (the kernels ask it for the CPU's facts): it imports nothing but torch.
+One of the Hub remote code's files (`hub.REMOTE_CODE`): the kernels ask it for the CPU's facts.
 """
 
 from __future__ import annotations

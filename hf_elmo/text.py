@@ -23,7 +23,7 @@ Every user of the biLM goes through these steps, in this order: the tokenizer (`
    to its caller. The biLM takes it as it is (`model(**batch)`); `batch.strip` removes the boundary rows from its
    outputs.
 
-This file is part of the Hub remote code (the tokenizer imports it), so it imports nothing else of the package.
+One of the Hub remote code's files (`hub.REMOTE_CODE`): the tokenizer imports it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from hf_elmo.cards import (
     card_source,
     weights_source,
 )
-from hf_elmo.hub import push_to_hub
+from hf_elmo.hub import REMOTE_CODE, REMOTE_CODE_LIBRARIES, REMOTE_CODE_OPTIONAL, push_to_hub
 from hf_elmo.original_format import FORMAT
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
@@ -40,9 +40,6 @@ LM_REPO, CONVERTED_REPO = "org/tiny-elmo-lm", "org/elmo-allennlp"
 TINY_SOURCE = "Random weights for the tests of the `elmo` project (`torch.manual_seed(0)`)."
 CONVERTED_SOURCE = "Converted from the original weights `options.json` + `lm_weights.hdf5`."
 SENTENCES = [["The", "bank", "raised", "rates", "."], ["Élan", "naïve", "café", "日本", "—", "x" * 60], ["Hi"]]
-REMOTE_CODE = (
-    "configuration_elmo.py", "formulas.py", "inference_cache.py", "kernels.py", "modeling_elmo.py", "runtime.py",
-    "text.py", "tokenization_elmo.py")
 REPO_FILES = {
     ".gitattributes", "README.md", "added_tokens.json", "config.json", "model.safetensors", "tokenizer_config.json",
     *REMOTE_CODE,
@@ -99,6 +96,28 @@ def assert_same_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.nd
 
 
 # -- repo contents and model card ---------------------------------------------------------------------------
+
+
+def test_the_remote_code_files_import_the_libraries_they_may_and_each_other_alone():
+    """`hub.REMOTE_CODE` is what the Hub's remote code is: every file there imports the standard library, its
+    libraries and files of the list alone (an optional library only inside a function), and the list holds every
+    file they import."""
+    import ast
+
+    package = Path(hf_elmo.__file__).parent
+    allowed = set(sys.stdlib_module_names) | set(REMOTE_CODE_LIBRARIES)
+    for name in REMOTE_CODE:
+        tree = ast.parse((package / name).read_text(encoding="utf-8"))
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:  # a file of the package
+                imported = [node.module] if node.module else [alias.name for alias in node.names]
+                assert all(f"{module.split('.')[0]}.py" in REMOTE_CODE for module in imported), (name, imported)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                roots = {alias.name.split(".")[0] for alias in node.names} if isinstance(node, ast.Import) else {
+                    node.module.split(".")[0]}
+                permitted = allowed if id(node) in top_level else allowed | set(REMOTE_CODE_OPTIONAL)
+                assert roots <= permitted, (name, roots - permitted)
 
 
 @pytest.mark.parametrize("repo_id", [LM_REPO, CONVERTED_REPO])
