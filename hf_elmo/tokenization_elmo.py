@@ -298,10 +298,6 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         words[real] = word_ids
         return ids, words
 
-    def batch_char_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
-        """The character ids of `batch_ids`."""
-        return self.batch_ids(sentences)[0]
-
     def batch(self, sentences: Sequence[Sequence[str]], rows: Sequence[Any] = ()) -> ElmoBatch:
         """The `ElmoBatch` of a batch of word lists (`rows`: what each sentence is to the caller)."""
         for words in sentences:

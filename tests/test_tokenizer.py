@@ -32,14 +32,17 @@ def test_allennlp_character_ids(tokenizer):
     assert batch["input_ids"][1] == [[0] * 50]  # a padding position is 50 zeros
 
 
-def test_batch_char_ids_are_the_padded_tokenizer_output(tokenizer):
-    """The batch form training and the spaCy layer use equals the tokenizer's padded `input_ids`."""
+def test_the_batch_form_is_the_padded_tokenizer_output(tokenizer):
+    """The batch form training, the embedder and the spaCy layer use (`batch_ids`, `batch`) equals the tokenizer's
+    padded `input_ids`."""
     sentences = [["The", "bank"], [], ["a", "<S>", "\udcff", "x" * 80]]
-    ids = tokenizer.batch_char_ids(sentences)
+    ids, _ = tokenizer.batch_ids(sentences)
     assert ids.dtype == np.int64 and ids.shape == (3, 6, 50)
     expected = tokenizer(sentences, is_split_into_words=True, padding=True, return_tensors="np")["input_ids"]
     np.testing.assert_array_equal(ids, expected)
-    assert tokenizer.batch_char_ids([]).shape == (0, 2, 50)
+    np.testing.assert_array_equal(tokenizer.batch(sentences).input_ids.numpy(), expected)
+    assert tokenizer.batch_ids([])[0].shape == (0, 2, 50)
+    assert not hasattr(tokenizer, "batch_char_ids")  # one batch form: `batch_ids` (and `batch` on it)
 
 
 def test_bilm_tf_character_ids():
