@@ -1,7 +1,7 @@
 """The format of ELMoForManyLangs' models (HIT-SCIR; 44 languages, each trained on 20 million words of the CoNLL 2018
 shared task's raw text): a model directory (or the .zip the NLPL repository serves) read into an `ElmoModel` and its
 tokenizer, exactly (`load_efml`; `FORMAT`, this format's `formats.WeightFormat`, converts it into a
-`save_pretrained` directory). Its `Embedder` API is `hf_elmo.efml`.
+`save_pretrained` directory). Its `Embedder` API is `hf_elmo.elmoformanylangs`.
 
 A model directory holds `config.json` (naming a configuration, `cnn_50_100_512_4096_sample.json` for every published
 model, which is often missing from the directory: its values are known here), `char.dic` and `word.dic` (the

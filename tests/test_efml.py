@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from elmo_cli import app
 from hf_elmo import ElmoCharTokenizer, ElmoModel
-from hf_elmo.efml import Embedder
 from hf_elmo.efml_format import is_efml_model, load_efml, read_dic
+from hf_elmo.elmoformanylangs import Embedder
 
 TOLERANCE = 1e-5
 OUTPUT_LAYERS = (-1, 0, 1, 2, -2)

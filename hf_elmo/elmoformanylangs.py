@@ -1,7 +1,7 @@
-"""ELMoForManyLangs' `Embedder`, here: `from hf_elmo.efml import Embedder` in place of `from elmoformanylangs import
-Embedder`, the same calls and outputs (every sentence from the zero state, which its own gives after
-`model.encoder.reset_states()`). Its models: `hf_elmo.efml_format` (reading and converting them) and the names
-`efml-<language>` (`hf_elmo.published`)."""
+"""ELMoForManyLangs' `Embedder`, here: `from hf_elmo.elmoformanylangs import Embedder` in place of `from
+elmoformanylangs import Embedder`, the same calls and outputs (every sentence from the zero state, which its own
+gives after `model.encoder.reset_states()`), as `hf_elmo.allennlp` holds AllenNLP's names. Its models:
+`hf_elmo.efml_format` (reading and converting them) and the names `efml-<language>` (`hf_elmo.published`)."""
 
 from __future__ import annotations
 
