@@ -3,7 +3,7 @@
 The same command runs on one CPU or GPU, or on several GPUs and nodes when launched by Accelerate or torchrun:
 
     elmo pretrain --train_files 'corpus/*.txt.gz' --validation_files valid.txt --output_dir out
-    elmo pretrain training/ptb_cpu.yaml --max_steps 100          # a recipe, with overrides
+    elmo pretrain recipes/ptb_cpu.yaml --max_steps 100          # a recipe, with overrides
     accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.training ARGS
     torchrun --nnodes 2 --nproc_per_node 8 ... -m hf_elmo.training ARGS
     elmo pretrain ... --resume                                   # continue from the newest checkpoint
@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from transformers import HfArgumentParser, get_scheduler
 
 from .. import loading
-from ..cards import CardMetadata, write_model_card
+from ..cards import CardMetadata, describe_files, training_source, write_model_card
 from ..configuration_elmo import ElmoConfig
 from ..hub import push_directory
 from ..kernels import recurrence_for
@@ -43,7 +43,6 @@ from ..modeling_elmo import ElmoForBidirectionalLM
 from ..runtime import set_threads
 from ..text import expand_files, get_word_tokenizer
 from ..tokenization_elmo import ElmoCharTokenizer
-from .card import describe_files, training_source
 from .checkpointing import latest_checkpoint, load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from .data import DataPosition, LMBatches
 from .evaluation import evaluate, perplexities
