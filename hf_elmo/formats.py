@@ -47,6 +47,10 @@ class WeightFormat(ABC):
         (default: the format's own convention); `progress`: a bar of the arrays read, on stderr. `FormatError` for
         sources that are not such a model."""
 
+    def check_installed(self, purpose: str) -> None:  # noqa: B027 (most formats need no library of their own)
+        """Fail in one line (`ImportError`: the extra to install) where a library that reads this format is missing;
+        `purpose` says what needs it ("the published model 'x' is converted from its files, which")."""
+
     def describe(self, sources: Sources) -> str:
         """The card's "source of the weights" for a model converted from `sources`."""
         return f"Converted from the {self.name} model `{' + '.join(Path(s).name for s in sources)}`."

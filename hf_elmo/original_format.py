@@ -240,6 +240,9 @@ class OriginalFormat(WeightFormat):
     def detect(self, sources: Sources) -> bool:
         return len(sources) == 2
 
+    def check_installed(self, purpose: str) -> None:
+        require_h5py(purpose.replace("its files", "its .hdf5 weights"))
+
     def load(
         self, sources: Sources, word_tokenizer: str | None = None, progress: bool = False
     ) -> tuple[ElmoModel, ElmoCharTokenizer]:

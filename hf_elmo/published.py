@@ -19,6 +19,7 @@ import importlib
 import os
 import shutil
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -70,72 +71,91 @@ class PublishedModelError(ValueError):
 
 
 @dataclass(frozen=True)
-class PublishedModel:
-    """One published biLM of AllenNLP's: its files under the endpoint and what it is."""
+class PublishedFile:
+    """One file of a published model: its `path` under its family's endpoint, its `name` in the download folder, and
+    its SHA-256, checked when known."""
+
+    path: str
+    name: str
+    sha256: str | None = None
+
+
+class PublishedModel(ABC):
+    """A biLM published under a name, which `published_model` downloads and converts once. A family of them is one
+    subclass beside the others: where its files are (`files`, under `endpoint` or the mirror that `mirror_variable`
+    names), how they convert (`format`, and the `word_tokenizer` recorded for raw text) and what its card says
+    (`describe_source`). Nothing else of a family is known to the download and the conversion."""
+
+    name: str
+    description: str
+    format: WeightFormat
+    endpoint: str
+    mirror_variable: str
+    word_tokenizer: str | None = None  # None: the format's own (`WeightFormat.load`)
+
+    @property
+    @abstractmethod
+    def files(self) -> tuple[PublishedFile, ...]:
+        """Its files, in the order its format reads them (`WeightFormat.usage`); the last holds the weights."""
+
+    def url(self, path: str) -> str:
+        return f"{os.environ.get(self.mirror_variable, self.endpoint).rstrip('/')}/{path}"
+
+    def describe_source(self) -> str:
+        """The converted model card's source of the weights."""
+        urls = " and ".join(f"`{self.url(file.path)}`" for file in self.files)
+        return f"The published ELMo model `{self.name}` ({self.description}), converted from {urls}."
+
+
+@dataclass(frozen=True)
+class AllenNlpModel(PublishedModel):
+    """One of AllenNLP's published biLMs: an `options.json` + `weights.hdf5` pair (the original format)."""
 
     name: str
     options_path: str
     weights_path: str
     description: str
-    weights_sha256: str | None = None  # checked when known
-
-    def url(self, path: str) -> str:
-        return f"{os.environ.get('ELMO_PUBLISHED_ENDPOINT', ENDPOINT).rstrip('/')}/{path}"
-
-    @property
-    def files(self) -> tuple[tuple[str, str, str | None], ...]:
-        """Its files: (path under the endpoint, name in the download folder, SHA-256 where known), in its format's
-        order."""
-        return (self.options_path, "options.json", None), (self.weights_path, "weights.hdf5", self.weights_sha256)
+    weights_sha256: str | None = None
+    format: WeightFormat = original_format.FORMAT
+    endpoint: str = ENDPOINT
+    mirror_variable: str = "ELMO_PUBLISHED_ENDPOINT"
 
     @property
-    def format(self) -> WeightFormat:
-        return original_format.FORMAT
-
-    def describe_source(self) -> str:
-        return (f"The published ELMo model `{self.name}` ({self.description}), converted from AllenNLP's "
-                f"`{self.url(self.options_path)}` and `{self.url(self.weights_path)}`.")
+    def files(self) -> tuple[PublishedFile, ...]:
+        return (PublishedFile(self.options_path, "options.json"),
+                PublishedFile(self.weights_path, "weights.hdf5", self.weights_sha256))
 
 
 @dataclass(frozen=True)
-class EfmlPublishedModel:
+class EfmlModel(PublishedModel):
     """One of ELMoForManyLangs' models: the language (its code and name) and the archive's id in the NLPL
-    repository."""
+    repository; its raw text is split by spaCy's tokenizer of the language."""
 
     name: str
     language: str
     language_name: str
     repository_id: int
-
-    @property
-    def archive_path(self) -> str:
-        return f"{self.repository_id}.zip"
+    format: WeightFormat = efml_format.FORMAT
+    endpoint: str = NLPL_ENDPOINT
+    mirror_variable: str = "ELMO_EFML_ENDPOINT"
 
     @property
     def description(self) -> str:
         return (f"ELMoForManyLangs' {self.language_name} biLM (HIT-SCIR; 20 M words of the CoNLL 2018 shared task's "
                 "raw text; output width 1024)")
 
-    def url(self, path: str) -> str:
-        return f"{os.environ.get('ELMO_EFML_ENDPOINT', NLPL_ENDPOINT).rstrip('/')}/{path}"
+    @property
+    def word_tokenizer(self) -> str:
+        return f"spacy:{spacy_language(self.language)}"
 
     @property
-    def files(self) -> tuple[tuple[str, str, str | None], ...]:
-        """Its one archive (see `PublishedModel.files`)."""
-        return ((self.archive_path, "model.zip", None),)
-
-    @property
-    def format(self) -> WeightFormat:
-        return efml_format.FORMAT
-
-    def describe_source(self) -> str:
-        return (f"The published ELMo model `{self.name}` ({self.description}), converted from "
-                f"`{self.url(self.archive_path)}`.")
+    def files(self) -> tuple[PublishedFile, ...]:
+        return (PublishedFile(f"{self.repository_id}.zip", "model.zip"),)
 
 
-def _allennlp(name: str, architecture: str, description: str) -> PublishedModel:
+def _allennlp(name: str, architecture: str, description: str) -> AllenNlpModel:
     prefix = f"{architecture}/elmo_{architecture}"
-    return PublishedModel(name, f"{prefix}_options.json", f"{prefix}_weights.hdf5", description)
+    return AllenNlpModel(name, f"{prefix}_options.json", f"{prefix}_weights.hdf5", description)
 
 
 ALLENNLP_MODELS = {model.name: model for model in (
@@ -145,13 +165,13 @@ ALLENNLP_MODELS = {model.name: model for model in (
               "the original architecture trained on 5.5 B tokens (Wikipedia and news crawl); output width 1024"),
     _allennlp("medium", "2x2048_256_2048cnn_1xhighway", "English, 28.0 M parameters; output width 512"),
     _allennlp("small", "2x1024_128_2048cnn_1xhighway", "English, 13.6 M parameters; output width 256"),
-    PublishedModel("pubmed", "contributed/pubmed/elmo_2x4096_512_2048cnn_2xhighway_options.json",
-                   "contributed/pubmed/elmo_2x4096_512_2048cnn_2xhighway_weights_PubMed_only.hdf5",
-                   "the original architecture trained on PubMed abstracts (contributed to AllenNLP); width 1024"),
+    AllenNlpModel("pubmed", "contributed/pubmed/elmo_2x4096_512_2048cnn_2xhighway_options.json",
+                  "contributed/pubmed/elmo_2x4096_512_2048cnn_2xhighway_weights_PubMed_only.hdf5",
+                  "the original architecture trained on PubMed abstracts (contributed to AllenNLP); width 1024"),
 )}
-EFML_MODELS = {f"efml-{code}": EfmlPublishedModel(f"efml-{code}", code, language, repository_id)
+EFML_MODELS = {f"efml-{code}": EfmlModel(f"efml-{code}", code, language, repository_id)
                for code, (repository_id, language) in LANGUAGES.items()}
-PUBLISHED_MODELS: dict[str, PublishedModel | EfmlPublishedModel] = {**ALLENNLP_MODELS, **EFML_MODELS}
+PUBLISHED_MODELS: dict[str, PublishedModel] = {**ALLENNLP_MODELS, **EFML_MODELS}
 
 
 def names_text() -> str:
@@ -187,11 +207,10 @@ def published_model(name: str, progress: bool = True) -> str:
     if is_offline_mode():
         raise PublishedModelError(f"the published model {name!r} is not in the cache ({converted}) and the Hub is "
                                   f"offline (HF_HUB_OFFLINE=1): use it once online, or {_by_hand(model)}")
-    if model.format is original_format.FORMAT:
-        try:
-            original_format.require_h5py(f"the published model {name!r} is converted from its .hdf5 weights, which")
-        except ImportError as error:
-            raise PublishedModelError(str(error)) from None
+    try:
+        model.format.check_installed(f"the published model {name!r} is converted from its files, which")
+    except ImportError as error:
+        raise PublishedModelError(str(error)) from None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with FileLock(str(directory / ".lock")):
@@ -201,8 +220,7 @@ def published_model(name: str, progress: bool = True) -> str:
             if progress:
                 tqdm.write(f"The published ELMo model {name!r} is downloaded and converted once, into {directory}",
                            file=sys.stderr)
-            files = tuple(_download(model, remote, download / local, sha256, progress)
-                          for remote, local, sha256 in model.files)
+            files = tuple(_download(model, file, download / file.name, progress) for file in model.files)
             _convert(name, model, files, converted, progress)
             files[-1].unlink()  # the weights: the converted directory holds the same numbers
     except OSError as error:  # the cache directory itself: permissions, a full disk
@@ -211,21 +229,19 @@ def published_model(name: str, progress: bool = True) -> str:
     return str(converted)
 
 
-def _by_hand(model: PublishedModel | EfmlPublishedModel) -> str:
+def _by_hand(model: PublishedModel) -> str:
     """How to get `model` without this package's download: its files, converted by `elmo convert`."""
-    urls = " and ".join(model.url(remote) for remote, _, _ in model.files)
+    urls = " and ".join(model.url(file.path) for file in model.files)
     return f"download {urls}, run `elmo convert {model.format.usage} DIR` and give DIR as the model"
 
 
-def _download(
-    model: PublishedModel | EfmlPublishedModel, remote: str, path: Path, sha256: str | None, progress: bool
-) -> Path:
-    """The file `remote` of `model` at `path` (kept once complete), resumed from `path.incomplete`; the size must be
-    the server's and the SHA-256 `sha256` when given. A server that cannot be reached fails at once; timeouts, a
-    broken transfer and the server's own errors (5xx) are tried again."""
+def _download(model: PublishedModel, file: PublishedFile, path: Path, progress: bool) -> Path:
+    """The `file` of `model` at `path` (kept once complete), resumed from `path.incomplete`; the size must be the
+    server's and the SHA-256 the file's when known. A server that cannot be reached fails at once; timeouts, a broken
+    transfer and the server's own errors (5xx) are tried again."""
     if path.is_file():
         return path
-    url = model.url(remote)
+    url = model.url(file.path)
     path.parent.mkdir(parents=True, exist_ok=True)
     incomplete = path.with_name(path.name + ".incomplete")
     try:
@@ -233,8 +249,8 @@ def _download(
         if incomplete.is_file() and size is not None and incomplete.stat().st_size > size:
             incomplete.unlink()  # not a prefix of this file
         with incomplete.open("ab") as out:
-            http_get(url, out, resume_size=out.tell(), expected_size=size, displayed_filename=f"{model.name} {remote}",
-                     tqdm_class=partial(tqdm, disable=not progress))
+            http_get(url, out, resume_size=out.tell(), expected_size=size,
+                     displayed_filename=f"{model.name} {file.path}", tqdm_class=partial(tqdm, disable=not progress))
     except Exception as error:  # the network's and the server's errors, as one line
         reason = " ".join(str(error).split())[:160] or type(error).__name__
         if "Consistency check failed" in reason:
@@ -242,8 +258,7 @@ def _download(
             raise PublishedModelError(f"{url} downloaded with another size than the server announced: the file was "
                                       "removed; run the command again") from None
         # Nothing of this model is in the cache yet (it is being downloaded): a mirror, or by hand.
-        endpoint = "ELMO_EFML_ENDPOINT" if isinstance(model, EfmlPublishedModel) else "ELMO_PUBLISHED_ENDPOINT"
-        what_to_do = f"use a mirror ({endpoint}=URL), or {_by_hand(model)}"
+        what_to_do = f"use a mirror ({model.mirror_variable}=URL), or {_by_hand(model)}"
         if _unreachable(error):
             raise PublishedModelError(f"cannot download the published model {model.name!r}: "
                                       f"{urlsplit(url).netloc} cannot be reached ({reason}); {what_to_do}") from None
@@ -251,13 +266,13 @@ def _download(
         raise PublishedModelError(f"cannot download {url}: {reason}; " + (
             "the part downloaded is kept: run the command again to resume, or " if kept else "") + what_to_do
         ) from None
-    if sha256 is not None:
+    if file.sha256 is not None:
         with incomplete.open("rb") as stream:
             actual = sha_fileobj(stream).hex()
-        if actual != sha256:
+        if actual != file.sha256:
             incomplete.unlink()
-            raise PublishedModelError(f"{url} downloaded with the wrong SHA-256 ({actual}, expected {sha256}): the "
-                                      "file was removed; run the command again")
+            raise PublishedModelError(f"{url} downloaded with the wrong SHA-256 ({actual}, expected {file.sha256}): "
+                                      "the file was removed; run the command again")
     incomplete.replace(path)
     return path
 
@@ -283,17 +298,13 @@ def _remote_size(url: str) -> int | None:
         else None
 
 
-def _convert(
-    name: str, model: PublishedModel | EfmlPublishedModel, files: tuple[Path, ...], converted: Path, progress: bool
-) -> None:
+def _convert(name: str, model: PublishedModel, files: tuple[Path, ...], converted: Path, progress: bool) -> None:
     """`elmo convert` into a temporary directory renamed to `converted` once complete; an unreadable download is
     removed (the next use downloads it again)."""
     staging = converted.with_name(converted.name + ".incomplete")
     shutil.rmtree(staging, ignore_errors=True)
-    # ELMoForManyLangs' raw text is split by spaCy's tokenizer of its language; AllenNLP's models keep the default.
-    word_tokenizer = f"spacy:{spacy_language(model.language)}" if isinstance(model, EfmlPublishedModel) else None
     try:
-        model.format.convert(files, staging, source=model.describe_source(), word_tokenizer=word_tokenizer,
+        model.format.convert(files, staging, source=model.describe_source(), word_tokenizer=model.word_tokenizer,
                              progress=progress)
     except (OSError, ValueError) as error:
         shutil.rmtree(staging, ignore_errors=True)

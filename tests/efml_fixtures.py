@@ -80,7 +80,7 @@ def efml_files(archive: bytes) -> dict[str, bytes]:
     """The same archive under every ELMoForManyLangs model's path (`ELMO_EFML_ENDPOINT` = the server's url)."""
     from hf_elmo.published import EFML_MODELS
 
-    return {model.archive_path: archive for model in EFML_MODELS.values()}
+    return {model.files[0].path: archive for model in EFML_MODELS.values()}
 
 
 def their_embedder(model_dir: Path, batch_size: int = 3):

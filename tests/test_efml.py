@@ -303,7 +303,7 @@ def test_every_language_has_a_name_and_an_archive():
     from hf_elmo.published import EFML_MODELS, NLPL_ENDPOINT
 
     assert len(EFML_MODELS) == 44 and len({m.repository_id for m in EFML_MODELS.values()}) == 44
-    assert EFML_MODELS["efml-de"].url(EFML_MODELS["efml-de"].archive_path) == f"{NLPL_ENDPOINT}/142.zip"
+    assert EFML_MODELS["efml-de"].url(EFML_MODELS["efml-de"].files[0].path) == f"{NLPL_ENDPOINT}/142.zip"
     assert EFML_MODELS["efml-zh"].repository_id == 179 and EFML_MODELS["efml-nb"].repository_id == 165
 
 

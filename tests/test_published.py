@@ -5,6 +5,7 @@ as the published `small` model: download, resume, refusal of damaged downloads, 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -113,13 +114,50 @@ def test_threads_asking_at_once_download_and_convert_once(server):
     assert len(server.gets(MODEL.weights_path)) == 1
 
 
+def test_a_third_family_of_published_models_is_one_class_implementing_the_protocol(fixture_files, converted,
+                                                                                   tmp_path, monkeypatch):
+    """A family the package does not know (a bilm-tf model zoo, say: its own endpoint, mirror variable and file names)
+    downloads, converts and describes itself through `published.PublishedModel` alone: nothing of it is written in
+    the download or the conversion."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class ZooModel(published.PublishedModel):
+        name: str = "zoo-tiny"
+        description: str = "a bilm-tf zoo's tiny biLM"
+        format: object = FORMAT
+        endpoint: str = "http://127.0.0.1:9/never"
+        mirror_variable: str = "ELMO_ZOO_ENDPOINT"
+        word_tokenizer: str = "whitespace"
+
+        @property
+        def files(self) -> tuple[published.PublishedFile, ...]:
+            return (published.PublishedFile("zoo/options.json", "options.json"),
+                    published.PublishedFile("zoo/weights.hdf5", "weights.hdf5"))
+
+    files = FileServer({"zoo/options.json": fixture_files[MODEL.options_path],
+                        "zoo/weights.hdf5": fixture_files[MODEL.weights_path]})
+    monkeypatch.setenv("ELMO_ZOO_ENDPOINT", files.url)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setitem(published.PUBLISHED_MODELS, "zoo-tiny", ZooModel())
+    try:
+        directory = Path(model_location("zoo-tiny"))
+    finally:
+        files.close()
+    assert load_file(directory / "model.safetensors").keys() == load_file(converted / "model.safetensors").keys()
+    card = (directory / "README.md").read_text(encoding="utf-8")
+    assert f"a bilm-tf zoo's tiny biLM), converted from `{files.url}/zoo/options.json`" in card
+    assert json.loads((directory / "tokenizer_config.json").read_text())["word_tokenizer"] == "whitespace"
+
+
 def test_a_wrong_checksum_is_refused(server, fixture_files, monkeypatch):
-    model = published.PublishedModel(NAME, MODEL.options_path, MODEL.weights_path, "test", weights_sha256="0" * 64)
+    model = published.AllenNlpModel(NAME, MODEL.options_path, MODEL.weights_path, "test", weights_sha256="0" * 64)
     monkeypatch.setitem(published.PUBLISHED_MODELS, NAME, model)
     with pytest.raises(ModelLoadError, match="wrong SHA-256"):
         load_model(NAME)
     assert not (published.cache_directory(NAME) / "download" / "weights.hdf5.incomplete").exists()
-    monkeypatch.setitem(published.PUBLISHED_MODELS, NAME, published.PublishedModel(
+    monkeypatch.setitem(published.PUBLISHED_MODELS, NAME, published.AllenNlpModel(
         NAME, MODEL.options_path, MODEL.weights_path, "test",
         weights_sha256=hashlib.sha256((ALLENNLP / "lm_weights.hdf5").read_bytes()).hexdigest(),
     ))
