@@ -57,8 +57,11 @@ def cuda_device_to_device(cuda_device: int) -> torch.device:
 
 def batch_to_ids(batch: Sequence[Sequence[str]]) -> torch.Tensor:
     """AllenNLP's `batch_to_ids`: the character ids of a batch of word lists, (batch, longest, 50) int64, without
-    the sentence-boundary rows (`Elmo` adds them), rows of zeros after each sentence's last word."""
+    the sentence-boundary rows (`Elmo` adds them), rows of zeros after each sentence's last word. As AllenNLP's
+    `ELMoCharacterMapper` (`word.encode("utf-8", "ignore")`), a lone surrogate is dropped from its word; the package's
+    tokenizer keeps its three bytes (undecodable input bytes: `hf_elmo.text.read_lines`)."""
     tokenizer = ElmoCharTokenizer(max_characters_per_token=ALLENNLP_CHARACTERS_PER_TOKEN)
+    batch = [[word.encode("utf-8", "ignore").decode("utf-8") for word in sentence] for sentence in batch]
     ids = tokenizer.batch(batch).input_ids[:, 1:-1].clone()  # each row's </S> and what follows: zeros
     words = torch.arange(ids.shape[1])
     ids[words >= torch.tensor([len(sentence) for sentence in batch]).view(-1, 1)] = 0

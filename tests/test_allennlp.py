@@ -43,6 +43,19 @@ def test_batch_to_ids_gives_allennlp_character_ids_without_boundaries(batch0):
     assert batch_to_ids([["a"]])[0, 0, :5].tolist() == [259, 98, 260, 261, 261]
 
 
+def test_batch_to_ids_drops_a_lone_surrogate_as_allennlp_does_and_the_tokenizer_keeps_its_bytes():
+    """AllenNLP's `ELMoCharacterMapper` encodes each word with `encode("utf-8", "ignore")`: here the same ids (a word
+    of surrogates alone is an empty word); the package's own tokenizer keeps the bytes of undecodable input."""
+    words = ["a\udc80b", "\udcff", "caf\udce9 au"]
+    dropped = [word.encode("utf-8", "ignore").decode("utf-8") for word in words]
+    assert dropped == ["ab", "", "caf au"]
+    assert torch.equal(batch_to_ids([words]), batch_to_ids([dropped]))
+    # "": AllenNLP's begin-of-word 259 and end-of-word 260, then padding 261
+    assert batch_to_ids([words])[0, 1, :3].tolist() == [259, 260, 261]
+    kept = ElmoCharTokenizer().word_to_char_ids("a\udc80b")
+    assert list(kept[:6]) == [259, 98, 0xED + 1, 0xB2 + 1, 0x80 + 1, 99]  # the surrogate's three bytes
+
+
 def test_elmo_top_layer_mix_reproduces_the_allennlp_fixture(files, batch0):
     elmo = Elmo(*files, num_output_representations=2, dropout=0.0, scalar_mix_parameters=TOP).eval()
     with torch.no_grad():
