@@ -1,8 +1,8 @@
 """Training throughput of a biLM on CPU: optimizer steps of `hf_elmo.training.BidirectionalLMLoss` on random text.
 
     python benchmarks/bench_training.py --preset small --num-sampled 8192 --vocab-size 100000
-    python benchmarks/bench_training.py --recipe training/ptb_cpu.yaml
-    python benchmarks/bench_training.py --recipe training/english_default.yaml --vocab-size 50000 \
+    python benchmarks/bench_training.py --recipe recipes/ptb_cpu.yaml
+    python benchmarks/bench_training.py --recipe recipes/english_default.yaml --vocab-size 50000 \
         --batch-tokens 2048 --num-sampled 4096 --model-config '{"cell_clip": 3, "proj_clip": 3}'   # one lever at a time
 
 Prints tokens/s (targets per direction = words + one `</S>` per sentence, the unit of `elmo pretrain`'s log) for

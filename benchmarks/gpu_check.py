@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 CONLL = DATA / "conll2003" / "iob2"
 PTB = DATA / "ptb"
-PROJECT = tuple(str(REPO / package) for package in ("hf_elmo", "spacy_elmo", "training", "benchmarks"))
+PROJECT = tuple(str(REPO / package) for package in ("hf_elmo", "spacy_elmo", "recipes", "benchmarks"))
 # A tiny biLM for the CPU form of the pretraining phase.
 TOY_ARCHITECTURE = {"char_embedding_dim": 4, "filters": [[1, 8], [2, 8]], "n_highway": 1, "lstm_dim": 32,
                     "projection_dim": 16}
@@ -651,7 +651,7 @@ def worker_pretrain(recipe: str, device: str, sizes: Sizes, work: Path, result: 
     from hf_elmo import ElmoConfig
     from hf_elmo.training import pretrain as pretraining
 
-    settings = yaml.safe_load((REPO / "training" / f"{recipe}.yaml").read_text(encoding="utf-8"))
+    settings = yaml.safe_load((REPO / "recipes" / f"{recipe}.yaml").read_text(encoding="utf-8"))
     architecture = TOY_ARCHITECTURE if sizes.toy else settings.get("model_config", {})
     output = work / f"pretrain-{recipe}"
     ptb = PTB / "ptb.train.txt"

@@ -64,7 +64,7 @@ DEVICE = torch.device("cuda", 0)
 BACKEND = "fakecuda"
 FAKE_DEVICE_TYPES = ("cuda", BACKEND)
 REPO = Path(__file__).resolve().parents[1]
-PROJECT = tuple(str(REPO / package) for package in ("hf_elmo", "spacy_elmo", "training"))
+PROJECT = tuple(str(REPO / package) for package in ("hf_elmo", "spacy_elmo", "recipes"))
 # Libraries whose own reads of arrays `Event.project` leaves out (they compute on CuPy's arrays on a GPU).
 THIRD_PARTY_ARRAYS = ("/thinc/", "/spacy/")
 

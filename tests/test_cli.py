@@ -97,7 +97,7 @@ def test_pretrain_help_keeps_its_examples_one_per_line(capsys):
     with pytest.raises(SystemExit):
         parse_arguments(["--help"])
     lines = capsys.readouterr().out.splitlines()
-    assert "    elmo pretrain training/ptb_cpu.yaml --max_steps 100          # a recipe, with overrides" in lines
+    assert "    elmo pretrain recipes/ptb_cpu.yaml --max_steps 100          # a recipe, with overrides" in lines
 
 
 def test_convert_writes_a_loadable_directory(tmp_path):

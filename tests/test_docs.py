@@ -9,7 +9,7 @@ from pathlib import Path
 from spacy_fixtures import REPO
 
 DOCS = sorted(path for pattern in ("*.md", "docs/*.md", "benchmarks/**/*.md", "hf_elmo/**/*.md", "spacy_elmo/**/*.md",
-                                   "training/**/*.md") for path in REPO.glob(pattern))
+                                   "recipes/**/*.md") for path in REPO.glob(pattern))
 
 
 def table_widths(path: Path) -> list[tuple[int, list[int]]]:

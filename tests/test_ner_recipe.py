@@ -1,4 +1,4 @@
-"""training/ner_trainer.py: conlleval's entity scores, and a short Trainer run end to end."""
+"""recipes/ner_trainer.py: conlleval's entity scores, and a short Trainer run end to end."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hf_elmo import ElmoCharTokenizer, ElmoForTokenClassification, ElmoModel
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
 
-spec = importlib.util.spec_from_file_location("ner_trainer", REPO / "training" / "ner_trainer.py")
+spec = importlib.util.spec_from_file_location("ner_trainer", REPO / "recipes" / "ner_trainer.py")
 ner_trainer = sys.modules["ner_trainer"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
 spec.loader.exec_module(ner_trainer)
 
@@ -49,7 +49,7 @@ def test_the_recipe_trains_and_reports_dev_entity_f1(tmp_path):
     ElmoCharTokenizer().save_pretrained(tmp_path / "bilm")
     out = tmp_path / "out"
     output = run_python(
-        REPO / "training" / "ner_trainer.py", "--model", tmp_path / "bilm", "--train_file", train, "--dev_file", train,
+        REPO / "recipes" / "ner_trainer.py", "--model", tmp_path / "bilm", "--train_file", train, "--dev_file", train,
         "--limit", 64, "--output_dir", out, "--max_steps", 4, "--per_device_train_batch_size", 16,
         "--learning_rate", "0.01", "--report_to", "none", "--save_strategy", "no", "--use_cpu", "true",
         "--disable_tqdm", "true",

@@ -58,7 +58,7 @@ def test_every_python_block_runs_as_written(services, tmp_path):
 
 
 # The documents whose shell blocks the tests run (each in a directory of its own).
-SHELL_DOCUMENTS = ["README.md", "spacy_elmo/README.md", "training/README.md", "docs/performance.md",
+SHELL_DOCUMENTS = ["README.md", "spacy_elmo/README.md", "recipes/README.md", "docs/performance.md",
                    "benchmarks/README.md", "benchmarks/paper/README.md"]
 # Lines not run here, and why: set-up that installs or copies (not checked)...
 NOT_RUN = {
@@ -72,9 +72,9 @@ NOT_RUN = {
 }
 # ... and commands checked against their `--help` (the command and every option it is given exist) but not run.
 CHECKED_ONLY = {
-    "elmo pretrain training/english_default_gpu.yaml": "a GPU recipe on pretrain-en: gpu_check.py runs it on a GPU",
-    "elmo pretrain training/ptb_gpu.yaml": "a GPU recipe: its CPU twin ptb_cpu.yaml runs here",
-    "elmo pretrain training/english_default.yaml": "hours on pretrain-en (the record of how the shipped model was "
+    "elmo pretrain recipes/english_default_gpu.yaml": "a GPU recipe on pretrain-en: gpu_check.py runs it on a GPU",
+    "elmo pretrain recipes/ptb_gpu.yaml": "a GPU recipe: its CPU twin ptb_cpu.yaml runs here",
+    "elmo pretrain recipes/english_default.yaml": "hours on pretrain-en (the record of how the shipped model was "
     "trained, each run continuing the one before); ptb_cpu.yaml runs here",
     "elmo build-vocab '../shared/data/pretrain-en": "minutes over pretrain-en: test_training builds vocabularies",
     'elmo build-vocab "../shared/data/pretrain-en': "minutes over pretrain-en: test_training builds vocabularies",
@@ -86,7 +86,7 @@ CHECKED_ONLY = {
     "accelerate launch --multi_gpu": "several GPUs",
     "torchrun --nnodes": "several nodes",
     "torchrun --standalone": "two processes: test_training.py runs them",
-    "python training/ner_trainer.py": "test_ner_recipe.py runs it on a slice of CoNLL-2003",
+    "python recipes/ner_trainer.py": "test_ner_recipe.py runs it on a slice of CoNLL-2003",
     "python benchmarks/": "a benchmark: test_benchmarks.py and test_paper.py run each at toy sizes",
     ".venv/bin/python benchmarks/": "a benchmark: test_benchmarks.py runs each at toy sizes",
     "python3 benchmarks/gpu_check.py": "gpu_check on the lent GPU machine: test_benchmarks.py runs its CPU form",
@@ -239,7 +239,7 @@ def work_directory(root: Path) -> Path:
     work = root / "work"
     work.mkdir()
     (root / "shared").symlink_to(REPO.parent / "shared")
-    for name in ("training", "hf_elmo", "benchmarks"):
+    for name in ("recipes", "hf_elmo", "benchmarks"):
         (work / name).symlink_to(REPO / name)
     (work / "in.txt").write_text("The bank raised its rates .\nWe sat on the river bank .\n")
     (work / "in.txt.gz").write_bytes(gzip.compress((work / "in.txt").read_bytes()))
@@ -272,7 +272,7 @@ def test_every_line_of_the_documents_shell_blocks_runs_as_written_at_toy_sizes(d
     for line, result in zip(checked, results[len(commands):]):
         missing = [option for option in options_of(line) if option not in result["help"]]
         assert not missing, f"{document}: {line}: {missing} not in the help of {help_command(line)}"
-    assert len(lines) >= {"README.md": 25, "training/README.md": 40}.get(document, 1)
+    assert len(lines) >= {"README.md": 25, "recipes/README.md": 40}.get(document, 1)
 
 
 def help_command(line: str) -> str:
@@ -305,4 +305,4 @@ def test_the_documents_commands_are_each_run_checked_or_set_up():
     assert [line for line, kind in readme.items() if kind == "checked"] == [
         "elmo embed --ray corpus/ vectors/ --workers 2 --cpus-per-worker 1 # a local Ray cluster for the job",
         "elmo embed --ray --ray-address auto corpus/ /shared/vectors/ --gpus-per-worker 1 # an existing Ray cluster",
-        "elmo pretrain training/english_default_gpu.yaml # the default architecture on one GPU (or accelerate launch)"]
+        "elmo pretrain recipes/english_default_gpu.yaml # the default architecture on one GPU (or accelerate launch)"]

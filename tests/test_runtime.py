@@ -131,7 +131,7 @@ def test_every_capability_question_is_asked_in_runtime_alone():
     """So that the tests can force every answer (tests/host_cpus.py): a question asked elsewhere would follow the CPU
     running the tests, not the one they pretend."""
     repo = Path(__file__).resolve().parents[1]
-    sources = [path for package in ("hf_elmo", "spacy_elmo", "training", "benchmarks")
+    sources = [path for package in ("hf_elmo", "spacy_elmo", "recipes", "benchmarks")
                for path in (repo / package).rglob("*.py") if path != repo / "hf_elmo" / "runtime.py"]
     found = [f"{path.relative_to(repo)}:{number}: {line.strip()}" for path in sources
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)

@@ -770,9 +770,9 @@ def test_empty_held_out_text_has_no_perplexity(tmp_path, toy_lm):
     assert result.exit_code == 1 and "held-out text holds no words" in result.output
 
 
-@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "training").glob("*.yaml")))
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("*.yaml")))
 def test_every_shipped_recipe_parses_and_sizes_gpu_runs_for_gpus(recipe):
-    args = parse_arguments([str(REPO / "training" / recipe)])
+    args = parse_arguments([str(REPO / "recipes" / recipe)])
     assert args.train_files and args.output_dir and args.batch_tokens > 0
     if "gpu" in recipe or "small" in recipe:  # the GPU recipes: bf16, loader workers, batches a GPU fills
         assert args.mixed_precision == "bf16" and args.num_workers >= 2 and args.batch_tokens >= 1024

@@ -1,7 +1,7 @@
 """Fine-tune an ELMo tagger on CoNLL-2003 NER with the transformers Trainer, and report entity F1 on dev.
 
-    python training/ner_trainer.py --model default --output_dir runs/ner-trainer        # the embedded biLM
-    python training/ner_trainer.py --model runs/elmo --num_train_epochs 3 --per_device_train_batch_size 32
+    python recipes/ner_trainer.py --model default --output_dir runs/ner-trainer        # the embedded biLM
+    python recipes/ner_trainer.py --model runs/elmo --num_train_epochs 3 --per_device_train_batch_size 32
 
 `ElmoForTokenClassification` (frozen biLM, learned scalar mix, biLSTM task encoder) on the IOB2 files of
 `../shared/data/conll2003/iob2`; word labels go to the words' positions through the tokenizer's `word_ids`
