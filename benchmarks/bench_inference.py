@@ -38,7 +38,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel, load_model
-from hf_elmo.kernels import uses_onednn
+from hf_elmo.kernel_plan import uses_onednn
 from hf_elmo.original_format import export_hdf5
 from hf_elmo.runtime import cpu_name, onednn_available
 

@@ -21,9 +21,10 @@ from bench_training import best_seconds, matmul_flops_per_second  # benchmarks/ 
 
 from hf_elmo import ElmoConfig, ElmoInferenceCache, ElmoKernelOptions
 from hf_elmo.formulas import lstm_cell
-from hf_elmo.kernels import ElmoKernels, both_directions
+from hf_elmo.kernel_plan import KernelPlan
 from hf_elmo.modeling_elmo import ElmoLstmLayer
 from hf_elmo.runtime import cpu_name
+from hf_elmo.weight_forms import both_directions
 
 
 def read_bytes_per_second(mebibytes: int, repeats: int) -> float:
@@ -43,20 +44,22 @@ def step_timings(layer: ElmoLstmLayer, rows: int, bf16: bool, options: ElmoKerne
     weights = layer.weights()
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         # The forms the step loop reads the weights in (packed, transposed), made as a forward's plan makes them.
-        kernels = ElmoKernels(options, h, [], ElmoInferenceCache(token_cache_size=0), list(layer.parameters()))
-        plan = kernels.plan
-        _, packed_recurrent, packed_projection = kernels.step_forms(weights, rows)
+        plan = KernelPlan.make(options, h, list(layer.parameters()), cache=ElmoInferenceCache(token_cache_size=0))
+        _, packed_recurrent, packed_projection = plan.step_forms(weights, rows)
+        recurrent_batched = plan.batched_step(rows, layer.recurrent_weight)
+        projection_batched = plan.batched_step(rows, layer.projection_weight)
 
         def project(cells: torch.Tensor) -> torch.Tensor:
-            return both_directions(cells, layer.projection_weight, packed_projection, plan)
+            return both_directions(cells, layer.projection_weight, packed_projection, plan.onednn, projection_batched)
 
         def step() -> None:
-            gates = both_directions(h, layer.recurrent_weight, packed_recurrent, plan, add=step_input)
+            gates = both_directions(h, layer.recurrent_weight, packed_recurrent, plan.onednn, recurrent_batched,
+                                    step_input)
             lstm_cell(weights, gates, c, project)
 
         def matmuls() -> None:
-            both_directions(h, layer.recurrent_weight, packed_recurrent, plan, add=step_input)
-            both_directions(c, layer.projection_weight, packed_projection, plan)
+            both_directions(h, layer.recurrent_weight, packed_recurrent, plan.onednn, recurrent_batched, step_input)
+            both_directions(c, layer.projection_weight, packed_projection, plan.onednn, projection_batched)
 
         calls = max(10, 2000 // rows)
         return best_seconds(step, repeats, calls), best_seconds(matmuls, repeats, calls)

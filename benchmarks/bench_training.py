@@ -27,9 +27,10 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoForBidirectionalLM, ElmoKernelOptions
-from hf_elmo.kernels import KernelPlan, linear
+from hf_elmo.kernel_plan import KernelPlan
 from hf_elmo.runtime import cpu_name, native_bf16_cpu
 from hf_elmo.training import BidirectionalLMLoss, WordVocabulary, encode_batch, group_by_length, split_line
+from hf_elmo.weight_forms import linear
 
 
 def random_corpus(n_sentences: int, vocab_size: int, seed: int = 0) -> tuple[WordVocabulary, list[list[str]]]:
@@ -53,7 +54,7 @@ def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> dict[str, flo
     a16, b16 = a.bfloat16(), b.bfloat16()
     with torch.inference_mode():
         onednn = KernelPlan.make(ElmoKernelOptions(onednn=True), a, [a, b])  # whatever the float32 default here
-        paths = {"mkl": lambda: torch.mm(a, b), "onednn": lambda: linear(a, b, None, onednn),
+        paths = {"mkl": lambda: torch.mm(a, b), "onednn": lambda: linear(a, b, None, onednn.onednn),
                  "bf16": lambda: torch.mm(a16, b16)}
         rates = {}
         for name, function in paths.items():

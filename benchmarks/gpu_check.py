@@ -583,7 +583,7 @@ def worker_embed(device: str, sizes: Sizes, work: Path, result: Result) -> None:
     import torch
 
     from elmo_cli import app
-    from hf_elmo.runtime import reduced_precision
+    from hf_elmo.kernel_plan import reduced_precision
 
     sentences = conll_sentences("valid", sizes.inference_sentences)
     source = work / "conll-dev.txt"

@@ -23,8 +23,8 @@ from .tokenization_elmo import ElmoCharTokenizer
 # relative imports of the config's, the model's and the tokenizer's files), so that `trust_remote_code=True` runs
 # them without this package: flat, importing the standard library, `REMOTE_CODE_LIBRARIES` and each other alone, and
 # `REMOTE_CODE_OPTIONAL` inside a function that needs it (tests/test_hub.py holds every file to it).
-REMOTE_CODE = ("configuration_elmo.py", "formulas.py", "inference_cache.py", "kernels.py", "modeling_elmo.py",
-               "runtime.py", "text.py", "tokenization_elmo.py")
+REMOTE_CODE = ("configuration_elmo.py", "formulas.py", "inference_cache.py", "kernel_plan.py", "kernels.py",
+               "modeling_elmo.py", "runtime.py", "text.py", "tokenization_elmo.py", "weight_forms.py")
 REMOTE_CODE_LIBRARIES = ("numpy", "regex", "torch", "transformers")
 REMOTE_CODE_OPTIONAL = ("spacy",)  # the `spacy:<lang>` word tokenizers (one ImportError line without it)
 

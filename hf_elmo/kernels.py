@@ -1,18 +1,16 @@
-"""The fast forms of the biLM's arithmetic on each device (`ElmoConfig.implementation = "kernels"`, the default).
+"""The loops of the biLM's fast arithmetic on each device (`ElmoConfig.implementation = "kernels"`, the default).
 
 `modeling_elmo.py` says what the biLM computes, with the formulas of `formulas.py` and `F.linear`. When the config
-asks for the kernels, `ElmoModel.forward` makes one `ElmoKernels` per call: its `KernelPlan` decides once what the
-call's matmuls and recurrences do (the device, autocast's dtype, whether the weights are read in packed, transposed or
-cast forms, oneDNN or MKL, cuDNN or the step loop), and every step runs the same formulas through the plan's matmuls.
-The kernels read each block's weights as a record (`CharCnnWeights`, `LstmWeights`) and never reach into a module.
+asks for the kernels, `ElmoModel.forward` makes one `ElmoKernels` per call: its `KernelPlan` (`kernel_plan.py`)
+decides once what the call's matmuls and recurrences do and which form each weight is read in (`weight_forms.py`),
+and the loops here run the same formulas through them. The kernels read each block's weights as a record
+(`CharCnnWeights`, `LstmWeights`) and never reach into a module.
 
 - `ElmoKernels.token_representations`: the char CNN over each distinct word of the batch once (or from the cache),
   the words grouped by length so that short words do not pay for long ones.
 - `ElmoKernels.lstm`: one biLSTM layer through the plan's recurrence: the step loop over the rows still active (both
-  directions per step, its weights packed for oneDNN or transposed), or `nn.LSTM` (cuDNN on a GPU, its weights kept
-  in cuDNN's flat layout by the cache). Each sorts the rows as it needs them.
-- `linear`: a matmul as the plan says: int8 (`Int8Weight`, the opt-in int8 mode), oneDNN (a packed weight, or
-  float32 without gradient where this torch build has it), else `F.linear`.
+  directions per step), or `nn.LSTM` (cuDNN on a GPU, its weights kept in cuDNN's flat layout by the cache). Each
+  sorts the rows as it needs them.
 
 What inference keeps between calls is the caller's `ElmoInferenceCache` (`inference_cache.py`). None of this changes
 the function computed beyond float32 rounding, except the fused LSTM on a model that clips (opt-in:
@@ -24,7 +22,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,286 +39,9 @@ from .formulas import (
     project_tokens,
 )
 from .inference_cache import ElmoInferenceCache
-from .runtime import (
-    INT8_AS_FLOAT32,
-    INT8_ON_GPU,
-    bf16_weight_packing,
-    host_index,
-    int8_matmuls,
-    intel_cpu,
-    native_bf16_cpu,
-    onednn_available,
-    warn,
-)
-
-QUANTIZE_MODES = (None, "int8")
-
-
-def uses_onednn(options: ElmoKernelOptions) -> bool:
-    """Whether CPU float32 inference matmuls go through oneDNN (where this torch build has it)."""
-    return not intel_cpu() if options.onednn == "auto" else options.onednn
-
-
-def recurrence_for(options: ElmoKernelOptions, device: torch.device, weights: LstmWeights) -> str:
-    """The LSTM loop of a layer on `device`: `"fused"` (`nn.LSTM`, cuDNN on a GPU) or `"steps"` (the step loop over
-    the active rows). By default fused on a GPU where it computes the layer exactly (`LstmWeights.fused_exact`)."""
-    if options.fused_lstm == "auto":
-        return "fused" if device.type == "cuda" and weights.fused_exact else "steps"
-    return "fused" if options.fused_lstm == "always" else "steps"
-
-
-@dataclass(frozen=True)
-class KernelPlan:
-    """What one forward decides once, from the config's `options`, its inputs, the gradient and the autocast in force;
-    every matmul and recurrence of the call reads it.
-
-    inference: no gradient flows to the weights (nor to a given state): the cache may be read and filled, and the
-        weights read in packed, transposed or cast forms. compute_dtype: the dtype inference matmuls compute in under
-        autocast (a GPU's, or the CPU's bf16 mode); None: the weights'. onednn: CPU float32 inference matmuls through
-        oneDNN. bf16_packs: CPU bf16 inference with weights packed in bf16 for oneDNN once (where it can pack them).
-        cpu_float32: CPU float32 inference (where one-row steps may take the batched MKL matmul). every_position: the
-        char CNN on every position, all its character slots (a GPU's shapes), rather than on each distinct word once.
-        int8: the int8 mode (`quantize="int8"` on a CPU that has the kernels): the highway's, the token projection's
-        and the LSTMs' matmuls read their weights as `Int8Weight`s.
-    """
-
-    options: ElmoKernelOptions
-    device: torch.device
-    inference: bool
-    compute_dtype: torch.dtype | None
-    onednn: bool
-    bf16_packs: bool
-    cpu_float32: bool
-    every_position: bool
-    int8: bool = False
-
-    @classmethod
-    def make(cls, options: ElmoKernelOptions, input_ids: torch.Tensor, tensors: Sequence[torch.Tensor],
-             quantize: str | None = None) -> KernelPlan:
-        """The plan of a forward of `input_ids` whose weights and given state are `tensors`, in the `quantize` mode
-        (None or "int8"; see `int8_plan`)."""
-        device = input_ids.device
-        inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-        autocast = torch.is_autocast_enabled(device.type)
-        compute_dtype = None
-        if inference and autocast and device.type == "cuda":
-            compute_dtype = torch.get_autocast_dtype("cuda")
-        elif inference and autocast and device.type == "cpu" and torch.get_autocast_dtype("cpu") == torch.bfloat16:
-            compute_dtype = torch.bfloat16
-        cpu_float32 = (inference and not autocast and device.type == "cpu"
-                       and all(t.dtype == torch.float32 for t in tensors if t.is_floating_point()))
-        return cls(
-            options=options, device=device, inference=inference, compute_dtype=compute_dtype,
-            onednn=cpu_float32 and onednn_available() and uses_onednn(options),
-            bf16_packs=device.type == "cpu" and compute_dtype == torch.bfloat16 and bf16_weight_packing(),
-            cpu_float32=cpu_float32,
-            every_position=device.type == "cuda" if options.distinct_words == "auto" else not options.distinct_words,
-            int8=quantize == "int8" and int8_plan(device, inference, autocast, cpu_float32),
-        )
-
-    def recurrence(self, weights: LstmWeights) -> str:
-        """The LSTM loop of a layer (`recurrence_for`)."""
-        return recurrence_for(self.options, self.device, weights)
-
-    def batched_step(self, rows: int, weight: torch.Tensor) -> bool:
-        """Whether an LSTM step of `rows` rows with this (2, N, K) weight takes one batched MKL matmul for both
-        directions rather than oneDNN: a single row and at most `single_row_bmm_max_weight` elements per direction
-        (oneDNN's fixed cost per call would dominate)."""
-        return rows == 1 and weight.shape[1] * weight.shape[2] <= self.options.single_row_bmm_max_weight
-
-
-def int8_plan(device: torch.device, inference: bool, autocast: bool, cpu_float32: bool) -> bool:
-    """Whether a forward that asks for int8 runs it: inference on a CPU with the kernels (`runtime.int8_matmuls`).
-    With gradient, under autocast or with weights not in float32 it is an error (one line); on a GPU, or a CPU without
-    the kernels, one `HostWarning` says that it runs without int8."""
-    if not inference:
-        raise ValueError('quantize="int8" is for inference: call the biLM under torch.no_grad() or '
-                         "torch.inference_mode() (int8 weights have no gradient)")
-    if device.type != "cpu":
-        warn(INT8_ON_GPU)
-        return False
-    if autocast:
-        raise ValueError('quantize="int8" and CPU autocast (the bf16 mode) were both asked for: choose one')
-    if not cpu_float32:
-        raise ValueError('quantize="int8" quantizes float32 weights: load the biLM in float32 (torch_dtype=float32)')
-    if not int8_matmuls():
-        warn(INT8_AS_FLOAT32)
-        return False
-    return True
-
-
-class Int8Weight:
-    """An (N, K) weight in int8 for the int8 mode: quantized once, per output row (symmetric: scale = max |w| / 127),
-    packed for torch's dynamically quantized linear (`quantized::linear_dynamic`: FBGEMM's AVX2 / AVX-512 kernels).
-    `weight(x)`: x (..., K) float32 → x @ weightᵀ (..., N) float32, x quantized at each call to 7 bits with one scale
-    for the whole call (`reduce_range`: AVX2's 16-bit sums of two products cannot saturate).
-
-    Why these ops: on an AVX2 EPYC, torchao's int8 configs in eager mode and oneDNN's int8 linear are slower than
-    float32 (docs/performance.md); FBGEMM's are 2 to 8 times faster. They are torch's own C++ ops; what torch
-    deprecates is creating the quantized tensor they pack from (`torch.quantize_per_channel`, done here once per
-    weight, its warning silenced), and `runtime.int8_matmuls` asks torch whether they work, so a torch without them
-    runs float32 with one line."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        """`bias` (N,), optional: added by the kernel itself (no pass of its own over the output)."""
-        weight = weight.detach().float()
-        scales = (weight.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "quantized tensor creation functions ... are deprecated"
-            quantized = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
-                                                   0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(quantized, None if bias is None else bias.detach().float())
-        self.shape = tuple(weight.shape)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
-
-
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    plan: KernelPlan,
-    add: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """x (..., K) @ weight (N, K)ᵀ + bias (N) + add (..., N) → (..., N). `weight` may be an `Int8Weight` or a packed
-    one (`pack_weight`; then the result has its dtype); a dense weight goes through oneDNN where the plan says so,
-    else `F.linear`."""
-    if isinstance(weight, Int8Weight):
-        output = weight(x)  # a new tensor: the sums go into it
-        for term in (bias, add):
-            if term is not None:
-                output.add_(term)
-        return output
-    if weight.is_mkldnn and weight.dtype != torch.float32:  # a bf16 pack (the bf16 mode): operands to its dtype
-        x = x.to(weight.dtype)
-        bias = None if bias is None else bias.to(weight.dtype)
-        add = None if add is None else add.to(weight.dtype)
-    if weight.is_mkldnn or plan.onednn:
-        if add is not None:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, add, weight, bias, "add")
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    output = F.linear(x, weight, bias)
-    return output if add is None else output + add
-
-
-def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(N, K) weight → a copy in `dtype` in oneDNN's blocked layout for `linear`: the same results, and without the
-    per-call reordering (faster for matmuls of few rows, as in the LSTM recurrence: docs/performance.md)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype))
-
-
-# Per LSTM weight (input, recurrent, projection): its packed or int8 (N, K) matrices (one per direction), or a
-# (2, N, K) weight transposed or cast for the batched matmul, or None where the weight is read as it is (or absent).
-StepForms = list[list[torch.Tensor] | list[Int8Weight] | torch.Tensor | None]
-
-
-def packed(cache: ElmoInferenceCache | None, weight: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
-    """A (2, N, K) weight as its directions' (N, K) matrices, an (N, K) weight as one matrix, packed in `dtype`
-    (`pack_weight`): kept by `cache`, else made for this call."""
-    def make() -> list[torch.Tensor]:
-        return [pack_weight(m, dtype) for m in (weight.unbind() if weight.dim() == 3 else [weight])]
-
-    return make() if cache is None else cache.derived([weight], dtype, make)
-
-
-def quantized(cache: ElmoInferenceCache | None, weight: torch.Tensor, with_bias: LstmWeights | None = None
-              ) -> list[Int8Weight]:
-    """A (2, N, K) weight as its directions' `Int8Weight`s, an (N, K) weight as one: kept by `cache`, else made for
-    this call. `with_bias`: the layer whose input weight this is, its bias (forget bias included) then added by
-    the kernel."""
-    def make() -> list[Int8Weight]:
-        matrices = weight.unbind() if weight.dim() == 3 else [weight]
-        biases = [None] * len(matrices) if with_bias is None else with_bias.bias_with_forget_bias().unbind()
-        return [Int8Weight(m, b) for m, b in zip(matrices, biases)]
-
-    if cache is None:
-        return make()
-    sources = [weight] if with_bias is None else [weight, with_bias.bias]
-    return cache.derived(sources, ("int8", with_bias is not None), make)
-
-
-def transposed(cache: ElmoInferenceCache, weight: torch.Tensor) -> torch.Tensor:
-    """A (2, N, K) weight as a contiguous (2, K, N) copy, for `both_directions`' batched matmul, kept by `cache`."""
-    return cache.derived([weight], "transposed", lambda: weight.detach().mT.contiguous())
-
-
-def cast(cache: ElmoInferenceCache | None, weight: torch.Tensor, dtype: torch.dtype, transpose: bool = False
-         ) -> torch.Tensor:
-    """A copy of `weight` in `dtype` (a (2, N, K) weight as a contiguous (2, K, N) with `transpose`, for
-    `both_directions`), for matmuls under autocast: kept by `cache`, else made for this call."""
-    def make() -> torch.Tensor:
-        return (weight.detach().mT if transpose else weight.detach()).to(dtype).contiguous()
-
-    return make() if cache is None else cache.derived([weight], ("cast", dtype, transpose), make)
-
-
-def both_directions(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    form: list[torch.Tensor] | torch.Tensor | None,
-    plan: KernelPlan,
-    add: list[torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """x (2, n, K) @ weight (2, N, K)ᵀ per direction, + add (one (n, N) per direction) → (2, n, N).
-
-    `form` is the plan's form of `weight` (`StepForms`): in int8 where the directions are `Int8Weight`s; through
-    oneDNN where they are packed for it (in their dtype; float32 one-row steps excepted, `KernelPlan.batched_step`);
-    else one batched matmul (MKL), reading `form` where it is the (2, K, N) transposed or cast copy."""
-    if isinstance(form, list) and (isinstance(form[0], Int8Weight) or form[0].dtype != torch.float32
-                                   or not plan.batched_step(x.shape[1], weight)):
-        return torch.stack([linear(x[d], form[d], None, plan, add=None if add is None else add[d]) for d in range(2)])
-    weight_t = form if isinstance(form, torch.Tensor) else weight.transpose(1, 2)
-    if add is None:
-        return torch.bmm(x, weight_t)
-    return torch.baddbmm(torch.stack(add), x, weight_t)
-
-
-def _meta_lstm(weights: LstmWeights) -> nn.LSTM:
-    """An `nn.LSTM` (one direction, batch first) of the sizes of an LSTM layer, on the meta device."""
-    cell, hidden = weights.recurrent_weight.shape[1] // 4, weights.recurrent_weight.shape[2]
-    return nn.LSTM(weights.input_weight.shape[-1], cell, batch_first=True, device="meta",
-                   proj_size=hidden if weights.projection_weight is not None else 0)
-
-
-def fused_lstm_weights(weights: LstmWeights) -> list[dict[str, torch.Tensor]]:
-    """Per direction, the parameters of the `nn.LSTM(proj_size=P)` that computes an LSTM layer without its clipping:
-    its gates reordered from TensorFlow's (i, j, f, o) to PyTorch's (i, f, g, o), the forget bias added;
-    differentiable functions of the layer's weights."""
-    def reordered(weight: torch.Tensor) -> torch.Tensor:  # slices, not an index made on the host (a copy to a GPU)
-        i, j, f, o = weight.chunk(4, dim=0)
-        return torch.cat([i, f, j, o])
-
-    bias = weights.bias_with_forget_bias()
-    states = []
-    for d in range(2):
-        state = {"weight_ih_l0": reordered(weights.input_weight[d]),
-                 "weight_hh_l0": reordered(weights.recurrent_weight[d]),
-                 "bias_ih_l0": reordered(bias[d]), "bias_hh_l0": torch.zeros_like(bias[d])}
-        if weights.projection_weight is not None:
-            state["weight_hr_l0"] = weights.projection_weight[d]
-        states.append(state)
-    return states
-
-
-def fused_lstms(cache: ElmoInferenceCache, weights: LstmWeights, dtype: torch.dtype | None = None) -> list[nn.LSTM]:
-    """The `nn.LSTM` of each direction of an LSTM layer (`fused_lstm_weights`), in `dtype` (default: the layer's;
-    under GPU autocast its dtype, which autocast would otherwise cast the weights to at every call), its weights in
-    one contiguous block in cuDNN's layout (`flatten_parameters`): made once by `cache`, remade when a weight
-    changes."""
-    dtype = dtype or weights.input_weight.dtype
-
-    def make() -> list[nn.LSTM]:
-        lstms = []
-        with torch.no_grad():
-            for state in fused_lstm_weights(weights):
-                lstm = _meta_lstm(weights).to_empty(device=weights.input_weight.device).to(dtype)
-                lstm.requires_grad_(False).load_state_dict(state)
-                lstm.flatten_parameters()
-                lstms.append(lstm)
-        return lstms
-
-    return cache.derived(weights.parameters(), ("fused", dtype), make)
+from .kernel_plan import KernelPlan
+from .runtime import host_index
+from .weight_forms import both_directions, fused_lstm_weights, fused_lstms, linear, meta_lstm
 
 
 def _used_positions(char_ids: torch.Tensor, widest_filter: int, padding_id: int) -> torch.Tensor:
@@ -364,45 +84,22 @@ class ElmoKernels:
         quantize: str | None = None,
     ):
         """`tensors`: the model's parameters and the state given to the call (whether gradient flows to them);
-        `quantize`: None or "int8" (`int8_plan`)."""
-        self.plan = KernelPlan.make(options, input_ids, tensors, quantize)
-        self.cache = inference_cache if self.plan.inference else None
+        `quantize`: None or "int8" (`KernelPlan.make`)."""
+        self.plan = KernelPlan.make(options, input_ids, tensors, quantize, inference_cache)
+        self.cache = self.plan.cache
         self.lengths = list(lengths)
         self._per_call: dict[object, object] = {}  # what a call makes once for all its layers
-        if (input_ids.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-                and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not native_bf16_cpu()):
-            warn("the biLM runs in bf16 (CPU bf16 autocast), but this CPU has no native bf16 (AVX512-BF16 or AMX): "
-                 "it is emulated, several times slower than float32")
 
-    # -- matmuls and the forms of weights they read ----------------------------------------------------------------
+    # -- matmuls ---------------------------------------------------------------------------------------------------
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N), `weight` one of the model's parameters: read in int8 in
-        the int8 mode, packed in bf16 in the bf16 mode, cast under GPU autocast (each kept by the cache), else as it
-        is."""
+        """x (..., K) @ weight (N, K)ᵀ + bias (N) → (..., N), `weight` one of the model's parameters, read in the
+        plan's form (`KernelPlan.linear_form`)."""
         plan = self.plan
-        if plan.int8:
-            weight = quantized(self.cache, weight)[0]
-        elif self.cache is not None and plan.compute_dtype is not None and plan.device.type == "cuda":
-            weight = cast(self.cache, weight, plan.compute_dtype)
-        elif self.cache is not None and plan.bf16_packs:
-            weight = packed(self.cache, weight, torch.bfloat16)[0]
-        return linear(x, weight, None if bias is None else self.weight(bias), plan)
-
-    def weight(self, parameter: torch.Tensor) -> torch.Tensor:
-        """A parameter as this call's arithmetic reads it: in the plan's compute dtype where there is one (activations
-        computed from a float32 parameter would come out in float32, to be cast again), cast once by the cache if
-        there is one; else itself."""
-        dtype = self.plan.compute_dtype
-        return parameter if dtype is None else cast(self.cache, parameter, dtype)
-
-    def in_compute_dtype(self, x: torch.Tensor) -> torch.Tensor:
-        """Activations `x` in the plan's compute dtype, where there is one."""
-        dtype = self.plan.compute_dtype
-        return x if dtype is None else x.to(dtype)
+        return linear(x, plan.linear_form(weight), None if bias is None else plan.weight(bias), plan.onednn)
 
     def _matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The formulas' matmul for a weight made in this call (the char CNN's flattened filters): no cached form."""
-        return linear(x, weight, bias, self.plan)
+        return linear(x, weight, bias, self.plan.onednn)
 
     # -- the char CNN --------------------------------------------------------------------------------------------
     def token_representations(
@@ -471,8 +168,8 @@ class ElmoKernels:
     def _convolve(self, weights: CharCnnWeights, char_ids: torch.Tensor) -> torch.Tensor:
         """(words, chars) ids → (words, n_filters): `convolve_pool_activate` (one matmul per filter bank over every
         window, faster than Conv1d on a CPU). Under autocast the embeddings are cast once, not each bank's windows."""
-        chars = self.in_compute_dtype(F.embedding(char_ids, weights.char_embedding, weights.padding_idx))
-        filters = [(self.weight(weight), self.weight(bias)) for weight, bias in weights.filters]
+        chars = self.plan.in_compute_dtype(F.embedding(char_ids, weights.char_embedding, weights.padding_idx))
+        filters = [(self.plan.weight(weight), self.plan.weight(bias)) for weight, bias in weights.filters]
         return convolve_pool_activate(chars, filters, weights.activation, self._matmul)
 
     def _after_pooling(self, weights: CharCnnWeights, pooled: torch.Tensor) -> torch.Tensor:
@@ -486,7 +183,7 @@ class ElmoKernels:
     def _with_words(self, weights: CharCnnWeights, highway_output: torch.Tensor, word_ids: torch.Tensor
                     ) -> torch.Tensor:
         """(tokens, n_filters) highway outputs and their (tokens,) word ids → (tokens, output_dim)."""
-        words = self.in_compute_dtype(F.embedding(word_ids, weights.word_embedding, 0))
+        words = self.plan.in_compute_dtype(F.embedding(word_ids, weights.word_embedding, 0))
         return project_tokens(highway_output.to(words.dtype), words, weights.projection, self.linear)
 
     # -- the biLSTM ----------------------------------------------------------------------------------------------
@@ -528,46 +225,6 @@ class ElmoKernels:
                 host_index(order, device), [lengths[i] for i in order], host_index(np.argsort(order), device))
         return self._per_call["order"]
 
-    def step_forms(self, weights: LstmWeights, rows: int) -> StepForms:
-        """The forms the step loop of `rows` rows reads the layer's (input, recurrent, projection) weights in, as the
-        plan says (None: the weight itself):
-
-        - under GPU autocast, with a cache: the input weight cast to the autocast dtype, the step weights cast and
-          transposed to (2, K, N), made once;
-        - float32 on a CPU, a one-row call whose step weights all take the batched-MKL step (`batched_step`): those
-          two transposed to contiguous (2, K, N), only from the cache (a copy per call costs about what it saves);
-        - oneDNN float32: the step weights packed per direction, never the input weight (one matmul per window,
-          where a pack gains little);
-        - the bf16 mode where oneDNN packs bf16 weights: all three packed per direction in bf16, which autocast
-          would otherwise cast again at every call and step;
-        - the int8 mode: all three per direction as `Int8Weight`s, the input weight's with the layer's bias; the
-          step weights of a one-row call that takes the batched-MKL step stay float32, as above (faster there).
-        """
-        plan, cache = self.plan, self.cache
-        weights_in_order = (weights.input_weight, weights.recurrent_weight, weights.projection_weight)
-        step_weights = [w for w in weights_in_order[1:] if w is not None]
-        batched_steps = all(plan.batched_step(rows, w) for w in step_weights)
-        if plan.int8:
-            input_form = quantized(cache, weights.input_weight, with_bias=weights)
-            if batched_steps:  # one matmul for both directions beats two int8 ones on weights this small
-                return [input_form, *(None if w is None or cache is None else transposed(cache, w)
-                                      for w in weights_in_order[1:])]
-            return [input_form, *(None if w is None else quantized(cache, w) for w in weights_in_order[1:])]
-        if plan.device.type == "cuda" and plan.compute_dtype is not None:
-            if cache is None:
-                return [None, None, None]
-            return [cast(cache, weights.input_weight, plan.compute_dtype),
-                    *(None if w is None else cast(cache, w, plan.compute_dtype, transpose=True)
-                      for w in weights_in_order[1:])]
-        if plan.cpu_float32 and batched_steps:
-            return [None, *(None if w is None or cache is None else transposed(cache, w)
-                            for w in weights_in_order[1:])]
-        if plan.onednn:
-            return [None, *(None if w is None else packed(cache, w, torch.float32) for w in weights_in_order[1:])]
-        if plan.bf16_packs:
-            return [None if w is None else packed(cache, w, torch.bfloat16) for w in weights_in_order]
-        return [None, None, None]
-
     def _step_recurrence(
         self, weights: LstmWeights, inputs: torch.Tensor, lengths: Sequence[int], state: LayerState
     ) -> tuple[torch.Tensor, LayerState]:
@@ -577,11 +234,12 @@ class ElmoKernels:
         batch_sizes = [sum(1 for n in lengths if n > t) for t in range(steps)]
         started = batch_sizes[0] if steps else 0  # rows with at least one position
         h, c = state[0][:, :started], state[1][:, :started]
-        input_form, recurrent_form, projection_form = self.step_forms(weights, inputs.shape[1])
+        input_form, recurrent_form, projection_form = plan.step_forms(weights, inputs.shape[1])
         bias = weights.bias_with_forget_bias()
 
         def project(h: torch.Tensor) -> torch.Tensor:
-            return both_directions(h, weights.projection_weight, projection_form, plan)
+            return both_directions(h, weights.projection_weight, projection_form, plan.onednn,
+                                   plan.batched_step(h.shape[1], weights.projection_weight))
 
         outputs, finished_h, finished_c = [], [], []
         for start in range(0, steps, plan.options.lstm_time_chunk):
@@ -592,7 +250,7 @@ class ElmoKernels:
             # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
             input_weight = weights.input_weight if input_form is None else input_form
             step_bias = None if plan.int8 else bias  # the int8 input weights add it themselves (`step_forms`)
-            projected = [linear(window[d], input_weight[d], None if step_bias is None else step_bias[d], plan
+            projected = [linear(window[d], input_weight[d], None if step_bias is None else step_bias[d], plan.onednn
                                 ).unbind(1) for d in range(2)]
             for offset in range(window.shape[2]):
                 n = batch_sizes[start + offset]
@@ -604,7 +262,8 @@ class ElmoKernels:
                     h, c = h[:, :n], c[:, :n]
                 step_input = [projected[d][offset][:n] for d in range(2)]
                 # Gate pre-activations (2, n, 4D).
-                gates = both_directions(h, weights.recurrent_weight, recurrent_form, plan, add=step_input)
+                gates = both_directions(h, weights.recurrent_weight, recurrent_form, plan.onednn,
+                                        plan.batched_step(n, weights.recurrent_weight), step_input)
                 h, c = lstm_cell(weights, gates, c, project)
                 outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
         if not outputs:
@@ -678,14 +337,13 @@ class ElmoKernels:
         cuDNN's layout (in the autocast dtype under GPU autocast); else the weights are gathered into its layout at
         every call."""
         if self.cache is not None:
-            dtype = self.plan.compute_dtype if self.plan.device.type == "cuda" else None
-            lstms = fused_lstms(self.cache, weights, dtype)
+            lstms = fused_lstms(self.cache, weights, self.plan.fused_dtype())
             return lambda d, x, initial: lstms[d](x, initial)
         gathered = fused_lstm_weights(weights)
 
         def run(d: int, x: torch.Tensor | nn.utils.rnn.PackedSequence, initial: tuple) -> tuple:
             with warnings.catch_warnings():  # gathered at each call (gate order): they cannot be flat
                 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
-                return torch.func.functional_call(_meta_lstm(weights), gathered[d], (x, initial))
+                return torch.func.functional_call(meta_lstm(weights), gathered[d], (x, initial))
 
         return run

@@ -44,7 +44,8 @@ from .formulas import (
     scalar_mix_weights,
 )
 from .inference_cache import ElmoInferenceCache
-from .kernels import QUANTIZE_MODES, ElmoKernels
+from .kernel_plan import mode_problem
+from .kernels import ElmoKernels
 from .text import remove_sentence_boundaries
 
 # (h, c): h of shape (n_layers, 2, batch, projection_dim), c of shape (n_layers, 2, batch, lstm_dim);
@@ -548,8 +549,8 @@ class ElmoModel(ElmoPreTrainedModel):
                 weights in int8, quantized once and kept by it: docs/performance.md). None (the default): float32,
                 exact.
         """
-        if quantize not in QUANTIZE_MODES:
-            raise ValueError(f'quantize must be None or "int8", got {quantize!r}')
+        if problem := mode_problem(False, quantize):
+            raise ValueError(problem)
         mask, lengths = self._validate(input_ids, attention_mask, lengths, initial_state, word_input_ids)
         if quantize is not None and self.config.implementation == "reference":
             raise ValueError('quantize="int8" runs in the kernels: load the biLM with implementation="kernels" (the '

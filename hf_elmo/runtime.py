@@ -4,23 +4,20 @@
   `cpu_name`, `cpu_flags`, `intel_cpu` (MKL's own fastest code), `native_bf16_cpu` (bf16 matmuls in hardware),
   `onednn_available` (oneDNN's float32 linear ops in this torch build), `bf16_weight_packing` (oneDNN packs bf16
   weights on this CPU: asked of torch, never assumed from another fact), `int8_matmuls` (torch's int8 linear kernels,
-  FBGEMM's, run fast on this CPU). Read once, from /proc/cpuinfo and torch.
+  FBGEMM's, run fast on this CPU), `gpu_computes_bf16` (a GPU's bf16 in hardware, Ampere on). Read once, from
+  /proc/cpuinfo and torch. What the biLM runs given them is decided in `kernel_plan.py`.
 - Threads: `default_threads` (the cores this process may use that nobody else is using) and `set_threads`.
 - oneDNN's kernel caches: `bound_onednn_caches`, so long runs over ever new batch shapes keep flat memory.
-- Precision: `reduced_precision` / `mixed_precision`, the one autocast dtype of inference on each device (float32 on
-  a CPU without native bf16, where bf16 is several times slower: one `HostWarning` says so); `quantize_mode`, the
-  int8 mode where it runs (a CPU with the kernels; else float32 and one `HostWarning`).
 - Warnings about the host (`warn`, `HostWarning`), attributed to the user's line, not to a library's.
 - Transfers: `host_index`, integers made on the host as a device index without a wait.
 - Memory: `halve_on_out_of_memory` reruns a batch the GPU has no memory for in halves (the biLM's rows never depend
   on each other); one sentence that does not fit alone is `OutOfDeviceMemoryError`, one line that says what to do.
 
-One of the Hub remote code's files (`hub.REMOTE_CODE`): the kernels ask it for the CPU's facts.
+One of the Hub remote code's files (`hub.REMOTE_CODE`): the kernel plan asks it for the host's facts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import platform
@@ -116,7 +113,7 @@ def int8_matmuls() -> bool:
         return False
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a quantized tensor's creation is deprecated (see kernels.Int8Weight)
+            warnings.simplefilter("ignore")  # a quantized tensor's creation is deprecated (see weight_forms.Int8Weight)
             weight = torch.quantize_per_channel(torch.ones(3, 2), torch.ones(3, dtype=torch.double),
                                                 torch.zeros(3, dtype=torch.long), 0, torch.qint8)
         packed = torch.ops.quantized.linear_prepack(weight, None)
@@ -124,6 +121,11 @@ def int8_matmuls() -> bool:
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
     return torch.allclose(output, torch.full((1, 3), 2.0), atol=0.05)
+
+
+def gpu_computes_bf16() -> bool:
+    """Whether the current GPU computes bf16 in hardware (Ampere on), not emulated."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
@@ -211,58 +213,6 @@ def warn(message: str) -> None:
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _LIBRARY_MODULES:
         frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(message, HostWarning, stacklevel=stacklevel)
-
-
-# -- precision ---------------------------------------------------------------------------------------------------
-
-# Measured on an AMD EPYC Zen 3 (AVX2): the original biLM runs ~6x slower in emulated bf16 than in float32.
-BF16_AS_FLOAT32 = ("bf16 was asked for, but this CPU has no native bf16 (AVX512-BF16 or AMX), where it runs several "
-                   "times slower than float32: running float32 instead (exact)")
-
-
-INT8_AS_FLOAT32 = ("int8 was asked for, but this CPU or torch build has no fast int8 linear kernels (FBGEMM's need an "
-                   "x86 CPU with AVX2): running float32 instead (exact)")
-INT8_ON_GPU = ("int8 is a CPU mode: on a GPU ask for bf16/fp16 instead (`--bf16`, `mixed_precision`): running the "
-               "GPU's float32")
-
-
-def quantize_mode(device: torch.device | str, quantize: str | None) -> str | None:
-    """The `quantize` argument of the biLM's inference on `device` when `quantize` (None or "int8") is asked for:
-    "int8" on a CPU with the kernels (`int8_matmuls`); else None (float32) and one `HostWarning` saying why."""
-    if quantize is None:
-        return None
-    if torch.device(device).type != "cpu":
-        warn(INT8_ON_GPU)
-        return None
-    if not int8_matmuls():
-        warn(INT8_AS_FLOAT32)
-        return None
-    return "int8"
-
-
-def reduced_precision(device: torch.device | str) -> torch.dtype | None:
-    """The dtype of the biLM's opt-in reduced-precision inference on `device`: bf16 on a CPU with native bf16
-    (AVX512-BF16 or AMX) and on GPUs that compute it (Ampere on), float16 on older GPUs; None (float32) on a CPU
-    without native bf16, where emulated bf16 is several times slower than float32 (docs/performance.md)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    return torch.bfloat16 if native_bf16_cpu() else None
-
-
-def inference_dtype(device: torch.device | str, reduced: bool) -> torch.dtype | None:
-    """The autocast dtype of inference on `device` when reduced precision is asked for (`reduced`):
-    `reduced_precision(device)`, and where that is float32 a `HostWarning` saying so; None without `reduced`."""
-    dtype = reduced_precision(device) if reduced else None
-    if reduced and dtype is None:
-        warn(BF16_AS_FLOAT32)
-    return dtype
-
-
-def mixed_precision(device: torch.device | str, enabled: bool = True) -> contextlib.AbstractContextManager:
-    """`torch.autocast` on `device` in `inference_dtype(device, enabled)`; nothing where that is float32."""
-    dtype = inference_dtype(device, enabled)
-    return contextlib.nullcontext() if dtype is None else torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 # -- transfers ---------------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from thinc.layers.resizable import resize_linear_weighted
 from thinc.types import Floats2d, Floats3d
 
 from hf_elmo import DEFAULT_MODEL_NAME
+from hf_elmo.kernel_plan import mode_problem
 
 from .layers import (
     ElmoListener,
@@ -69,20 +70,19 @@ def elmo_bilm_v2(
         directory).
         Training configs give the weights in `[initialize.components.elmo.weights]` instead.
     max_batch_tokens (int): padded positions (rows x longest row) per biLM call; bounds memory on any input.
-    mixed_precision (bool): run the biLM under autocast (`hf_elmo.runtime.reduced_precision`): on a GPU, bf16
+    mixed_precision (bool): run the biLM under autocast (`hf_elmo.kernel_plan.reduced_precision`): on a GPU, bf16
         (Ampere on) or float16; on a CPU with AMX or AVX512-BF16, bf16 for predictions (not exact: see
         docs/performance.md), float32 for fine-tuning; on other CPUs, where bf16 is several times slower, float32
         with a warning.
     grad_scaler_config (dict): `PyTorchGradScaler` settings for fine-tuning with mixed precision.
-    int8 (bool): predictions in the biLM's int8 mode on a CPU (`hf_elmo.runtime.quantize_mode`: not exact, 1.6-1.9
+    int8 (bool): predictions in the biLM's int8 mode on a CPU (`hf_elmo.kernel_plan.Precision`: not exact, 1.6-1.9
         times as fast on the original model; docs/performance.md); fine-tuning stays float32; on a GPU or a CPU
         without the kernels, float32 with a warning. Not with `mixed_precision`.
     """
     if name:
         check_pretrained_name(name)
-    if int8 and mixed_precision:
-        raise ValueError("[components.elmo.model] mixed_precision and int8 are two ways to trade exactness for speed: "
-                         "set one of them to false")
+    if problem := mode_problem(mixed_precision, "int8" if int8 else None):
+        raise ValueError(f"[components.elmo.model] mixed_precision and int8: {problem} (set one of them to false)")
     return build_bilm(name, get_spans, max_batch_tokens, mixed_precision, dict(grad_scaler_config), int8)
 
 

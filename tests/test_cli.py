@@ -305,7 +305,7 @@ def test_embed_mix_applies_softmaxed_weights_and_gamma(tiny_model, tiny_model_di
 def test_embed_bf16_flag_runs_bf16_autocast_where_native_else_float32_with_one_warning_line(
     tiny_model_dir, tmp_path, pretend_cpu, cpu
 ):
-    from hf_elmo.runtime import BF16_AS_FLOAT32
+    from hf_elmo.kernel_plan import BF16_AS_FLOAT32
 
     pretend_cpu(cpu)
     source = tmp_path / "input.txt"

@@ -226,7 +226,7 @@ def forward_on_fake_cuda(model, batch, **kwargs) -> tuple[tuple, list, DeviceWat
 
 @on_fake_cuda
 def test_the_embedders_bf16_on_a_gpu_runs_under_autocast_and_reads_back_once_per_batch():
-    """`ElmoEmbedder(bf16=True)` on a GPU: autocast in `runtime.reduced_precision` (bf16 where the GPU has it), the
+    """`ElmoEmbedder(bf16=True)` on a GPU: autocast in `kernel_plan.reduced_precision` (bf16 where the GPU has it), the
     batch's ids copied without waiting, one read-back per batch (the vectors to the host), bf16's drift. (A batch's
     work, `_embed_batch`, under `no_grad`: the fake device's tensors cannot be inference tensors, which
     `embed_batch`'s `inference_mode` makes; on a GPU it changes no copy or wait.)"""
@@ -451,15 +451,17 @@ def test_the_spacy_component_and_its_listeners_on_a_gpu_wait_once_per_batch_and_
         assert [e.where.split(":")[0] for e in watch.transfers] == ["hf_elmo/text.py"] * 2  # ElmoBatch.to: ids, mask
         assert watch.launch_count <= SPACY_LAUNCHES["pipe"], watch.launches
         assert all(type(doc._.elmo_layers) is np.ndarray and doc._.elmo_layers.shape[1] == len(doc) for doc in docs)
-        # `mixed_precision` predictions: autocast in `runtime.reduced_precision` (bf16 on this GPU), no more waits.
+        # `mixed_precision` predictions: autocast in `kernel_plan.reduced_precision` (bf16 on this GPU), no more waits.
         shim = elmo_shim(nlp.get_pipe("elmo").model)
         shim._mixed_precision = True
+        shim._decide_precision()  # as when the biLM is set or moved
         try:
             list(nlp.pipe(texts))  # the cache's copies in bf16
             with watch.recording():
                 mixed = list(nlp.pipe(texts))
         finally:
             shim._mixed_precision = False
+            shim._decide_precision()
         assert [e.where.split(" ")[-1] for e in watch.syncs if e.project] == ["(_host_arrays)"]
         assert [e.where.split(":")[0] for e in watch.transfers] == ["hf_elmo/text.py"] * 2
         drift = max(float(np.abs(a._.elmo_layers - b._.elmo_layers).max()) for a, b in zip(mixed, docs))

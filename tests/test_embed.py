@@ -407,7 +407,8 @@ def test_bf16_is_opt_in_runs_where_the_cpu_has_native_bf16_else_float32_with_one
     (exact) and says so once, naming the line that made it."""
     import warnings
 
-    from hf_elmo.runtime import BF16_AS_FLOAT32, HostWarning
+    from hf_elmo.kernel_plan import BF16_AS_FLOAT32
+    from hf_elmo.runtime import HostWarning
 
     pretend_cpu(cpu)
     native = cpu in ("avx512_bf16", "amx")

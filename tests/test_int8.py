@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from elmo_fixtures import ALLENNLP, sentences
 
-from hf_elmo import ElmoCharTokenizer, ElmoEmbedder, ElmoInferenceCache, ElmoModel, kernels, runtime
-from hf_elmo.runtime import INT8_AS_FLOAT32, INT8_ON_GPU, HostWarning
+from hf_elmo import ElmoCharTokenizer, ElmoEmbedder, ElmoInferenceCache, ElmoModel, kernel_plan, runtime, weight_forms
+from hf_elmo.kernel_plan import INT8_AS_FLOAT32, INT8_ON_GPU, Precision
+from hf_elmo.runtime import HostWarning
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(not runtime.int8_matmuls(), reason="this CPU has no int8 kernels (x86 with AVX2)")]
@@ -59,13 +60,13 @@ def test_int8_is_close_to_float32_on_every_layer_and_deterministic(real_model, b
 def test_int8_weights_are_quantized_once_kept_by_the_cache_and_the_token_cache_keeps_modes_apart(
         real_model, batch, monkeypatch):
     made = []
-    make = kernels.Int8Weight.__init__
+    make = weight_forms.Int8Weight.__init__
 
     def counted(self, *args, **kwargs) -> None:
         made.append(1)
         make(self, *args, **kwargs)
 
-    monkeypatch.setattr(kernels.Int8Weight, "__init__", counted)
+    monkeypatch.setattr(weight_forms.Int8Weight, "__init__", counted)
     cache = ElmoInferenceCache()
     exact = layers(real_model, batch, inference_cache=cache)  # fills the token cache in float32
     layers(real_model, batch, quantize="int8", inference_cache=cache)
@@ -121,10 +122,10 @@ def test_where_int8_cannot_run_it_is_float32_with_one_line(real_model, batch, pr
     assert [str(w.message) for w in caught] == [INT8_AS_FLOAT32]
     assert all(torch.equal(a, b) for a, b in zip(layers(real_model, batch), got, strict=True))
     with pytest.warns(HostWarning, match="int8 was asked for"):
-        assert runtime.quantize_mode("cpu", "int8") is None
+        assert Precision.of("cpu", quantize="int8").quantize is None
     with pytest.warns(HostWarning) as caught:
-        assert runtime.quantize_mode("cuda", "int8") is None
-        assert not kernels.int8_plan(torch.device("cuda"), True, False, False)
+        assert Precision.of("cuda", quantize="int8").quantize is None
+        assert not kernel_plan.int8_runs(torch.device("cuda"))
     assert [str(w.message) for w in caught] == [INT8_ON_GPU] * 2
 
 
@@ -134,7 +135,7 @@ def test_int8_capability_is_asked_of_the_cpu(pretend_cpu):
         assert runtime.int8_matmuls() is expected, cpu
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning where it runs
-        assert runtime.quantize_mode("cpu", "int8") == "int8" and runtime.quantize_mode("cpu", None) is None
+        assert Precision.of("cpu", quantize="int8").quantize == "int8" and Precision.of("cpu").quantize is None
 
 
 def test_int8_where_it_makes_no_sense_is_one_line(real_model, batch):

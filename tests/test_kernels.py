@@ -14,7 +14,9 @@ import torch
 from elmo_fixtures import SENTENCES, run, tiny_config
 
 from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel
-from hf_elmo.kernels import ElmoKernels, KernelPlan, cast, fused_lstms, recurrence_for, uses_onednn
+from hf_elmo.kernel_plan import KernelPlan, recurrence_for, uses_onednn
+from hf_elmo.kernels import ElmoKernels
+from hf_elmo.weight_forms import cast, fused_lstms
 
 
 def test_chunked_computation_equals_unchunked(model, tokenizer):

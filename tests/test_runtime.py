@@ -11,7 +11,7 @@ import pytest
 import torch
 from host_cpus import forget_capabilities, real_bf16_packing
 
-from hf_elmo import runtime
+from hf_elmo import kernel_plan, runtime
 
 
 def test_default_threads_are_the_free_cores_this_process_may_use(tmp_path, monkeypatch):
@@ -100,18 +100,24 @@ def test_reduced_precision_is_bf16_where_it_is_native_float16_on_older_gpus_else
     pretend_cpu(cpu)
     native = cpu in ("avx512_bf16", "amx")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_gpu)
-    assert runtime.reduced_precision("cpu") == (torch.bfloat16 if native else None)
-    assert runtime.reduced_precision(torch.device("cuda", 1)) == (torch.bfloat16 if bf16_gpu else torch.float16)
+    assert kernel_plan.reduced_precision("cpu") == (torch.bfloat16 if native else None)
+    assert kernel_plan.reduced_precision(torch.device("cuda", 1)) == (torch.bfloat16 if bf16_gpu else torch.float16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with runtime.mixed_precision("cpu"):
-            assert torch.is_autocast_enabled("cpu") is native
-            assert not native or torch.get_autocast_dtype("cpu") == torch.bfloat16
-        with runtime.mixed_precision("cpu", enabled=False):
+        precision = kernel_plan.Precision.of("cpu", bf16=True)
+        assert precision.autocast_dtype == (torch.bfloat16 if native else None)
+        for _ in range(2):  # decided once: using it warns no more
+            with precision.autocast():
+                assert torch.is_autocast_enabled("cpu") is native
+                assert not native or torch.get_autocast_dtype("cpu") == torch.bfloat16
+        with kernel_plan.Precision.of("cpu").autocast():
             assert not torch.is_autocast_enabled("cpu")
-        assert runtime.inference_dtype("cpu", reduced=False) is None
     assert [(w.category, w.filename) for w in caught] == ([] if native else [(runtime.HostWarning, __file__)])
-    assert native or str(caught[0].message) == runtime.BF16_AS_FLOAT32
+    assert native or str(caught[0].message) == kernel_plan.BF16_AS_FLOAT32
+    with pytest.raises(ValueError, match="bf16 and int8 are two ways"):
+        kernel_plan.Precision.of("cpu", bf16=True, quantize="int8")
+    assert kernel_plan.mode_problem(False, "int4") == 'quantize must be None or "int8", got \'int4\''
+    assert kernel_plan.mode_problem(True, None) is None and kernel_plan.mode_problem(False, "int8") is None
 
 
 def test_bound_onednn_caches_keeps_what_the_environment_says(monkeypatch):

@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 from ..formulas import pool_words
+from ..kernel_plan import Precision
 from ..kernels import ElmoInferenceCache
 from ..loading import DEFAULT_MODEL_NAME, load_model_and_tokenizer
 from ..modeling_elmo import ElmoModel, ElmoScalarMix
-from ..runtime import halve_on_out_of_memory, inference_dtype, mixed_precision, quantize_mode
+from ..runtime import halve_on_out_of_memory
 from ..text import ElmoBatch, length_batches
 from ..tokenization_elmo import ElmoCharTokenizer
 from .settings import EmbedSettings, VectorLayout
@@ -53,16 +54,16 @@ class ElmoEmbedder:
             (each from the zero state; AllenNLP runs them whole) so that memory stays bounded.
         device (`str` or `torch.device`, optional): where to run the model; default: where it is.
         bf16 (`bool`, False): run the biLM under bf16 autocast (outputs still float32; float16 on GPUs older than
-            Ampere: `runtime.reduced_precision`): several times faster on CPUs with native bf16 (AVX512-BF16, AMX)
+            Ampere: `kernel_plan.reduced_precision`): several times faster on CPUs with native bf16 (AVX512-BF16, AMX)
             and on GPUs, not exact (measured on the default model: see docs/performance.md). Never chosen on its
             own. On a CPU without native bf16, where it is several times slower, float32 (`self.bf16` False), with a
             `runtime.HostWarning`.
         quantize (`str`, optional): `"int8"`: the int8 mode on a CPU (as `model(..., quantize="int8")`: the
             highway's, the token projection's and the LSTMs' weights in int8, quantized once; outputs float32): on
-            the original model
-            1.6-1.9 times float32's throughput and a third to a quarter of its one-sentence latency (AVX2), not exact
-            (measured on the default model: docs/performance.md). Never chosen on its own. On a GPU or a CPU
-            without the kernels (x86 with AVX2), float32 (`self.quantize` None), with a `runtime.HostWarning`.
+            the original model 1.6-1.9 times float32's throughput and a third to a quarter of its one-sentence
+            latency (AVX2), not exact (measured on the default model: docs/performance.md). Never chosen on its own.
+            On a GPU or a CPU without the kernels (x86 with AVX2), float32 (`self.quantize` None), with a
+            `runtime.HostWarning`.
         pool (`str`, optional): `"mean"` or `"max"`: one vector per sentence over its words, after the layer choice
             (`(layers, width)` with `"all"`, else `(width,)`; zeros for a sentence without words):
             `formulas.pool_words`, as the spaCy component's `Doc.vector` (a mean). Default: a vector per word.
@@ -116,8 +117,8 @@ class ElmoEmbedder:
         self.buffer_tokens = settings.buffer_tokens or 4 * settings.batch_tokens
         self.batch_size = settings.batch_size
         self.max_sentence_words = settings.max_sentence_words
-        self.bf16 = inference_dtype(self.device, settings.bf16) is not None  # float32 where bf16 is slower
-        self.quantize = quantize_mode(self.device, settings.quantize)  # float32 where int8 cannot run
+        # What runs of bf16 / int8 on this device, decided once (float32 where they would not run or be slower).
+        self.precision = Precision.of(self.device, settings.bf16, settings.quantize)
         self.layers = settings.layers
         self.mix = None
         num_layers = self.model.config.num_output_layers
@@ -131,6 +132,16 @@ class ElmoEmbedder:
         width = self.model.config.output_dim
         self.token_shape: tuple[int, ...] = (num_layers, width) if self.layers == "all" else (width,)
         self.layout = VectorLayout(self.token_shape, self.pool is not None, settings.dtype)
+
+    @property
+    def bf16(self) -> bool:
+        """Whether the biLM runs under bf16 (or float16) autocast here (`precision`)."""
+        return self.precision.autocast_dtype is not None
+
+    @property
+    def quantize(self) -> str | None:
+        """`"int8"` where the int8 mode runs here (`precision`), else None."""
+        return self.precision.quantize
 
     def with_settings(self, **changes: object) -> ElmoEmbedder:
         """This embedder (the same model and cache) with some of its `EmbedSettings` changed (checked as any); itself
@@ -148,8 +159,9 @@ class ElmoEmbedder:
         """One forward pass: the biLM layers, each (batch, positions, width) with the `<S>`/`</S>` rows, and the
         batch they were computed from, on the model's device."""
         batch = self.tokenizer.batch([list(words) for words in sentences]).to(self.device, non_blocking=True)
-        with mixed_precision(self.device, enabled=self.bf16):
-            layers = self.model(**batch, inference_cache=self.inference_cache, quantize=self.quantize).hidden_states
+        with self.precision.autocast():
+            layers = self.model(**batch, inference_cache=self.inference_cache,
+                                quantize=self.precision.quantize).hidden_states
         return tuple(layer.float() for layer in layers), batch
 
     @torch.inference_mode()

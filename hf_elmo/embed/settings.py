@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..configuration_elmo import integer_problem
-from ..kernels import QUANTIZE_MODES
+from ..kernel_plan import mode_problem
 
 LAYER_MODES = ("all", "top", "average", "mix")
 # One vector per sentence over its words (`formulas.pool_words`), after the layer choice; None: a vector per word.
@@ -65,10 +65,8 @@ class EmbedSettings:
         if self.layers != "mix" and (self.scalar_parameters is not None or self.gamma != 1.0):
             raise EmbedSettingError("scalar_parameters" if self.scalar_parameters is not None else "gamma",
                                     "applies to layers='mix' only")
-        if self.quantize not in QUANTIZE_MODES:
-            raise EmbedSettingError("quantize", f'must be None or "int8", got {self.quantize!r}')
-        if self.bf16 and self.quantize:
-            raise EmbedSettingError("quantize", "bf16 and int8 are two ways to trade exactness for speed: choose one")
+        if problem := mode_problem(self.bf16, self.quantize):
+            raise EmbedSettingError("quantize", problem.removeprefix("quantize "))
         if self.pool not in POOLS:
             raise EmbedSettingError("pool", f'must be None, "mean" or "max", got {self.pool!r}')
         if self.dtype not in DTYPES:

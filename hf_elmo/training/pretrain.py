@@ -38,7 +38,7 @@ from .. import loading
 from ..cards import CardMetadata, describe_files, training_source, write_model_card
 from ..configuration_elmo import ElmoConfig
 from ..hub import push_directory
-from ..kernels import recurrence_for
+from ..kernel_plan import recurrence_for
 from ..modeling_elmo import ElmoForBidirectionalLM
 from ..runtime import set_threads
 from ..text import expand_files, get_word_tokenizer

@@ -34,9 +34,10 @@ from thinc.layers.chain import forward as chain_forward
 from thinc.layers.pytorchwrapper import forward as pytorch_forward
 from thinc.types import Floats3d, Floats4d
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel, runtime
+from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoModel
 from hf_elmo.configuration_elmo import integer_problem
-from hf_elmo.runtime import OutOfDeviceMemoryError, halve_on_out_of_memory, quantize_mode
+from hf_elmo.kernel_plan import Precision
+from hf_elmo.runtime import OutOfDeviceMemoryError, halve_on_out_of_memory
 from hf_elmo.text import length_batches
 
 from ..span_getters import SpanGetter
@@ -64,9 +65,10 @@ class ElmoShim(TorchShim):
 
     `name`: where the weights come from when nothing else gives them (`default`, a published model, a directory or a
     Hub id; from the config at every load, never saved). `mixed_precision`: predictions under autocast in
-    `hf_elmo.runtime.reduced_precision` (on a CPU with AMX / AVX512-BF16 the biLM's opt-in bf16 mode; float32 with a
-    warning on other CPUs); fine-tuning under Thinc's CUDA autocast. `int8`: predictions in the int8 mode where it
-    runs (`hf_elmo.runtime.quantize_mode`, decided when the biLM is set or moved).
+    `hf_elmo.kernel_plan.reduced_precision` (on a CPU with AMX / AVX512-BF16 the biLM's opt-in bf16 mode; float32
+    with a warning on other CPUs); fine-tuning under Thinc's CUDA autocast. `int8`: predictions in the int8 mode
+    where it runs. What runs of both is the shim's `precision` (`hf_elmo.kernel_plan.Precision`), decided when the
+    biLM is set, loaded or moved.
     """
 
     def __init__(self, name: str = "", mixed_precision: bool = False, grad_scaler: PyTorchGradScaler | None = None,
@@ -74,7 +76,7 @@ class ElmoShim(TorchShim):
         super().__init__(None, mixed_precision=mixed_precision, grad_scaler=grad_scaler)
         self.name = name
         self.int8 = int8
-        self.quantize: str | None = None  # what `int8` gives on the biLM's device (`quantize_mode`)
+        self.precision = Precision()  # what `mixed_precision` and `int8` give on the biLM's device
         # The pipeline component whose config gives `name` (set by the component), for the error without one.
         self.component = "elmo"
         # The biLM's own tokenizer where it reads characters through lexicons (saved with the shim); else None, and
@@ -104,11 +106,12 @@ class ElmoShim(TorchShim):
         self._model = elmo.to(get_torch_default_device())
         self.tokenizer = tokenizer if elmo.config.character_vocabulary != "bytes" else None
         self.inference_cache.clear()
-        self._decide_quantize()
+        self._decide_precision()
 
-    def _decide_quantize(self) -> None:
-        """`quantize`: what `int8` gives on the biLM's device, decided when the biLM is set, loaded or moved."""
-        self.quantize = quantize_mode(self.device, "int8" if self.int8 else None)
+    def _decide_precision(self) -> None:
+        """`precision`: what `mixed_precision` and `int8` give on the biLM's device, decided when the biLM is set,
+        loaded or moved."""
+        self.precision = Precision.of(self.device, self._mixed_precision, "int8" if self.int8 else None)
 
     def begin_update(self, inputs: ArgsKwargs) -> tuple[Any, Callable]:
         """Thinc's: the module in training mode (dropout on: the biLM is fine-tuned), under CUDA autocast with
@@ -123,9 +126,9 @@ class ElmoShim(TorchShim):
         dropout on inside another's forward. Fine-tuning (`begin_update`) switches it to training mode itself."""
         if self._model.training:
             self._model.eval()
-        with torch.no_grad(), runtime.mixed_precision(self.device, enabled=self._mixed_precision):
+        with torch.no_grad(), self.precision.autocast():
             return self._model(*inputs.args, **inputs.kwargs, inference_cache=self.inference_cache,
-                               quantize=self.quantize)
+                               quantize=self.precision.quantize)
 
     def finish_update(self, optimizer) -> None:
         if self._model is None:
@@ -139,7 +142,7 @@ class ElmoShim(TorchShim):
     def to_device(self, device_type: str, device_id: int) -> None:
         if self._model is not None:
             super().to_device(device_type, device_id)
-            self._decide_quantize()
+            self._decide_precision()
 
     def _config_to_save(self) -> dict | None:
         """The biLM's config, and a lexicon model's lexicons (`tokenizer_lexicons`)."""
@@ -164,7 +167,7 @@ class ElmoShim(TorchShim):
         with torch.device("meta"):
             elmo = ElmoModel(ElmoConfig.from_dict(config))
         self._model = elmo.to_empty(device=get_torch_default_device()).eval()
-        self._decide_quantize()
+        self._decide_precision()
         if lexicons is not None:
             self.tokenizer = ElmoCharTokenizer.with_lexicons(
                 lexicons["char"], lexicons["word"], max_characters_per_token=elmo.config.max_characters_per_token)
