@@ -17,6 +17,12 @@ the choice `ElmoKernelOptions(onednn="auto")` makes for this CPU; `--device cuda
 runs both models on the GPU (AllenNLP's virtualenv then needs a CUDA build of torch). `--bf16` / `--int8` add the
 project's bf16 / int8 mode beside its float32 (tokens/s and latency with their ratios to float32, max abs difference
 and minimum row cosine of the first batch's layers to float32; on random weights: the speed, not the quality).
+
+On a CPU the float32 figures are set against the machine's matmul ceiling: 2048² float32 matmuls through MKL
+(`torch.mm`) and through oneDNN (`linear`), measured alternately with the model in this process (before and after
+each measurement: the host's noise moves both), and the fraction of the faster ceiling the model's useful matmul
+FLOPs reach (`flops_per_position`), in batches of `--batch-size` and at `ElmoEmbedder`'s default batching (its
+`batch_tokens`, over `--embedder-sentences` sentences, tokenization and output arrays included).
 """
 
 from __future__ import annotations
@@ -35,9 +41,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_training import matmul_flops_per_second  # benchmarks/ (the script's directory)
 from transformers.utils import logging as hf_logging
 
-from hf_elmo import ElmoCharTokenizer, ElmoConfig, ElmoInferenceCache, ElmoKernelOptions, ElmoModel, load_model
+from hf_elmo import (
+    ElmoCharTokenizer,
+    ElmoConfig,
+    ElmoEmbedder,
+    ElmoInferenceCache,
+    ElmoKernelOptions,
+    ElmoModel,
+    load_model,
+)
 from hf_elmo.kernel_plan import uses_onednn
 from hf_elmo.original_format import export_hdf5
 from hf_elmo.runtime import cpu_name, onednn_available
@@ -101,6 +116,55 @@ def step_weights(model: ElmoModel) -> int:
                if w is not None)
 
 
+def flops_per_position(model: ElmoModel, characters: float) -> float:
+    """2 x the multiply-adds one position costs the biLM, counting useful work only: the char CNN's filters over the
+    windows that fit in a word's own `characters` (its letters and the two markers, not the padding slots), the
+    highway, the token projection, and every LSTM layer's input, recurrent and projection matmuls, both directions."""
+    cnn = model.char_cnn.weights()
+    macs = sum(n * width * chars * max(0.0, characters - width + 1)
+               for n, chars, width in (tuple(weight.shape) for weight, _ in cnn.filters))
+    macs += sum(weight.numel() for weight, _ in cnn.highway) + cnn.projection[0].numel()
+    for layer in model.bilstm.layers:
+        weights = layer.weights()
+        macs += sum(w.numel() for w in (weights.input_weight, weights.recurrent_weight, weights.projection_weight)
+                    if w is not None)
+    return 2 * macs
+
+
+class Ceiling:
+    """The machine's float32 matmul rates (FLOP/s) through MKL and oneDNN, sampled between the model's measurements;
+    each reported as the median of its samples."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {"mkl": [], "onednn": []}
+
+    def sample(self) -> None:
+        rates = matmul_flops_per_second(repeats=3)
+        for name in self.samples:
+            self.samples[name].append(rates[name])
+
+    def rate(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def best(self) -> float:
+        return max(self.rate(name) for name in self.samples)
+
+    def describe(self, reached: dict[str, float]) -> str:
+        """The ceilings, and the fraction of the faster one each of `reached` (label: FLOP/s) is."""
+        fractions = ", ".join(f"{label} {rate / 1e9:.0f} GFLOP/s = {rate / self.best():.0%}"
+                              for label, rate in reached.items())
+        return (f"MKL {self.rate('mkl') / 1e9:.0f}, oneDNN {self.rate('onednn') / 1e9:.0f} GFLOP/s "
+                f"({len(self.samples['mkl'])} samples each, alternately with the model); reached: {fractions}")
+
+
+def embedder_seconds(model: ElmoModel, sentences: list[list[str]], repeats: int) -> float:
+    """Seconds `ElmoEmbedder` (its default batching, all layers) takes to embed `sentences` (its inference cache
+    warm with the weights' forms, no token representations kept: every word through the char CNN)."""
+    embedder = ElmoEmbedder(model)
+    embedder.inference_cache = ElmoInferenceCache(token_cache_size=0)
+    return median_seconds(lambda: list(embedder.embed_sentences(sentences)), repeats, torch.device("cpu"))
+
+
 def run_allennlp(python: str, model_dir: Path, batches: list[dict], single: dict, threads: int, repeats: int,
                  latency_calls: int, work_dir: Path, device: torch.device) -> tuple[dict, list[np.ndarray]]:
     """AllenNLP's seconds per pass, single-sentence latency and first-batch layers, from its own virtualenv."""
@@ -121,6 +185,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=64)
     parser.add_argument("--length", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--embedder-sentences", type=int, default=320,
+                        help="sentences for the row at ElmoEmbedder's default batching (CPU; 0: no such row)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-calls", type=int, default=100,
                         help=f"timed single-sentence calls (median), after {LATENCY_WARM_UP} untimed ones")
@@ -168,6 +234,9 @@ def main() -> None:
         header += f" {'AllenNLP tok/s':>14} {'ratio':>6} {'AllenNLP ms':>11} {'ratio':>6} {'max |diff|':>10}"
     print(header)
     ceilings: list[str] = []
+    matmul_ceilings: list[str] = []
+    embedder_sentences = random_sentences(args.embedder_sentences, args.length, seed=2)
+    characters = statistics.mean(len(word) + 2 for sentence in sentences for word in sentence)
     for name in args.presets.split(","):
         torch.manual_seed(0)
         model = ElmoModel(ElmoConfig.from_preset(name)).eval().to(device)
@@ -175,7 +244,12 @@ def main() -> None:
 
         run = dict(model=model, batches=device_batches, single=device_single, repeats=args.repeats,
                    latency_calls=args.latency_calls, device=device)
+        ceiling = Ceiling() if device.type == "cpu" else None
+        if ceiling:
+            ceiling.sample()
         seconds, latency, ours_first = measure(None, **run)
+        if ceiling:
+            ceiling.sample()
         cached_seconds, _, _ = measure(None, **run, cache_tokens=True)
         row = f"{name:<9} {n_tokens / seconds:>9.0f} {latency * 1e3:>10.1f} {n_tokens / cached_seconds:>12.0f}"
         if mode:  # side by side with float32; over every row (boundaries and padding included: every row is a word)
@@ -203,6 +277,18 @@ def main() -> None:
             row += (f" {n_tokens / theirs['seconds']:>14.0f} {theirs['seconds'] / seconds:>6.2f}"
                     f" {theirs['latency'] * 1e3:>11.1f} {theirs['latency'] / latency:>6.2f} {difference:>10.2e}")
         print(row, flush=True)
+        if ceiling:
+            positions = args.length + 2  # the words and <S>, </S>
+            flops = flops_per_position(model, characters) * positions / args.length  # per word
+            reached = {f"batch {args.batch_size}": flops * n_tokens / seconds}
+            if args.embedder_sentences:
+                embedder_tokens = args.embedder_sentences * args.length
+                reached["ElmoEmbedder"] = flops * embedder_tokens / embedder_seconds(model, embedder_sentences,
+                                                                                     max(1, args.repeats // 2))
+                ceiling.sample()
+            matmul_ceilings.append(f"{name} ({flops / 1e9:.3f} GFLOP per word): {ceiling.describe(reached)}")
+    for line in matmul_ceilings:
+        print(f"float32 matmul ceiling, {line}")
     for line in ceilings:
         print(f"memory-bound ceiling of the latency, {line}")
 

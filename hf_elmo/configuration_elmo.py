@@ -53,8 +53,11 @@ class ElmoKernelOptions:
             projection clipping, where it computes the same function, else the step loop; `"always"` also for
             clipped models (an approximation: the original ELMo weights clip at 3); `"never"` the step loop.
         char_cnn_chunk: distinct words per char-CNN call (bounds the memory of the convolution outputs).
-        lstm_time_chunk: time steps whose input projections are computed in one matmul (bounds memory on long
-            sentences).
+        lstm_time_chunk: time steps whose input projections are computed in one matmul at most (bounds memory on
+            long sentences).
+        lstm_input_block: bytes one matmul of input projections (rows x steps x 4 x cell) writes at most: a
+            window's steps are cut to stay under it, so that its output stays in the CPU's caches until its steps
+            read it (larger outputs ran 1.2 to 1.5 times slower per forward; docs/performance.md).
         single_row_bmm_max_weight: largest per-direction weight (elements) for which a one-row LSTM step uses one
             batched MKL matmul for both directions rather than two oneDNN calls (each with a fixed cost).
         distinct_words: the char CNN runs on each distinct word of a batch once, grouped by length and cut after the
@@ -67,6 +70,7 @@ class ElmoKernelOptions:
     fused_lstm: str = "auto"
     char_cnn_chunk: int = 1024
     lstm_time_chunk: int = 128
+    lstm_input_block: int = 8 << 20
     single_row_bmm_max_weight: int = 1 << 20
     distinct_words: bool | str = "auto"
 
@@ -77,7 +81,8 @@ class ElmoKernelOptions:
             value = getattr(self, name)
             if not (isinstance(value, bool) or value == "auto"):
                 raise ValueError(f"{name} must be True, False or 'auto', got {value!r}")
-        for name, minimum in (("char_cnn_chunk", 1), ("lstm_time_chunk", 1), ("single_row_bmm_max_weight", 0)):
+        for name, minimum in (("char_cnn_chunk", 1), ("lstm_time_chunk", 1), ("lstm_input_block", 1),
+                              ("single_row_bmm_max_weight", 0)):
             if problem := integer_problem(getattr(self, name), minimum):
                 raise ValueError(f"{name} {problem}")
 

@@ -197,6 +197,15 @@ class KernelPlan:
         (oneDNN's fixed cost per call would dominate)."""
         return rows == 1 and weight.shape[1] * weight.shape[2] <= self.options.single_row_bmm_max_weight
 
+    def window_steps(self, rows: int, width: int) -> int:
+        """The steps of a window of `rows` active rows whose input projections ((rows, steps, width) gate
+        pre-activations) one matmul computes: at most `lstm_time_chunk`, and few enough that what the matmul writes
+        stays within `lstm_input_block` bytes (in cache until the steps read it: 4 bytes an element in float32, 2 in
+        bf16 or float16, 8 in int8, whose kernel sums in int32 before it writes float32); at least one."""
+        options = self.options
+        element = 8 if self.int8 else 4 if self.compute_dtype is None else 2
+        return max(1, min(options.lstm_time_chunk, options.lstm_input_block // (element * rows * width)))
+
     def weight(self, parameter: torch.Tensor) -> torch.Tensor:
         """A parameter as this call's arithmetic reads it: in the compute dtype where there is one (activations
         computed from a float32 parameter would come out in float32, to be cast again), cast once by the cache if

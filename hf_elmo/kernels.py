@@ -242,18 +242,18 @@ class ElmoKernels:
                                    plan.batched_step(h.shape[1], weights.projection_weight))
 
         outputs, finished_h, finished_c = [], [], []
-        for start in range(0, steps, plan.options.lstm_time_chunk):
+        start = 0
+        while start < steps and batch_sizes[start]:
             active = batch_sizes[start]
-            if active == 0:
-                break
-            window = inputs[:, :active, start : start + plan.options.lstm_time_chunk]
-            # Input projections of every step of the window in one matmul per direction, then per step: (active, 4D).
+            window_steps = plan.window_steps(active, weights.input_weight.shape[1])
+            # The window's input steps-major (steps, active, K): input projections of all its steps in one matmul
+            # per direction, each step's then a contiguous (active, 4D) block (the rows still active a prefix).
+            window = inputs[:, :active, start : start + window_steps].transpose(1, 2).contiguous()
             input_weight = weights.input_weight if input_form is None else input_form
             step_bias = None if plan.int8 else bias  # the int8 input weights add it themselves (`step_forms`)
             projected = [linear(window[d], input_weight[d], None if step_bias is None else step_bias[d], plan.onednn
-                                ).unbind(1) for d in range(2)]
-            for offset in range(window.shape[2]):
-                n = batch_sizes[start + offset]
+                                ) for d in range(2)]
+            for offset, n in enumerate(batch_sizes[start : start + window.shape[1]]):
                 if n == 0:
                     break
                 if n < h.shape[1]:  # rows n.. ended at the previous step: keep their final state
@@ -266,6 +266,7 @@ class ElmoKernels:
                                         plan.batched_step(n, weights.recurrent_weight), step_input)
                 h, c = lstm_cell(weights, gates, c, project)
                 outputs.append(h if n == batch else F.pad(h, (0, 0, 0, batch - n)))
+            start += window.shape[1]
         if not outputs:
             return inputs.new_zeros(2, batch, steps, state[0].shape[-1]), state
         # Rows are sorted by length: those still active come first, then those that ended latest.

@@ -25,12 +25,18 @@ def test_chunked_computation_equals_unchunked(model, tokenizer):
     long_sentence = [f"w{i % 97}" for i in range(300)]
     sentences = [long_sentence, SENTENCES[0]]
     _, chunked = run(model, tokenizer, sentences)
-    model.config.kernel_options = dict(lstm_time_chunk=10_000, char_cnn_chunk=10_000)
+    model.config.kernel_options = dict(lstm_time_chunk=10_000, lstm_input_block=1 << 40, char_cnn_chunk=10_000)
     _, whole = run(model, tokenizer, sentences)
     model.config.kernel_options = dict(lstm_time_chunk=7, char_cnn_chunk=3)
     _, small = run(model, tokenizer, sentences)
-    for a, b, c in zip(chunked.hidden_states, whole.hidden_states, small.hidden_states):
-        assert (a - b).abs().max() <= 1e-5 and (a - c).abs().max() <= 1e-5
+    # Windows cut by the bytes their input projections take: one step each here (two rows, then one).
+    width = model.bilstm.layers[0].weights().input_weight.shape[1]
+    model.config.kernel_options = dict(lstm_input_block=4 * 2 * width)
+    with torch.no_grad():
+        assert KernelPlan.make(model.config.kernels(), torch.zeros(1), []).window_steps(2, width) == 1
+    _, stepwise = run(model, tokenizer, sentences)
+    for a, b, c, d in zip(chunked.hidden_states, whole.hidden_states, small.hidden_states, stepwise.hidden_states):
+        assert (a - b).abs().max() <= 1e-5 and (a - c).abs().max() <= 1e-5 and (a - d).abs().max() <= 1e-5
     assert chunked.hidden_states[-1][0, 301].abs().sum() > 0  # the last word (</S>) was computed
 
 
@@ -51,6 +57,7 @@ def test_kernel_options_are_validated():
     for field, value, message in [("fused_lstm", "cudnn", "'auto', 'always' or 'never'"),
                                   ("char_cnn_chunk", 0, "char_cnn_chunk must be an integer >= 1"),
                                   ("lstm_time_chunk", 2.5, "lstm_time_chunk must be an integer >= 1"),
+                                  ("lstm_input_block", 0, "lstm_input_block must be an integer >= 1"),
                                   ("single_row_bmm_max_weight", -1, "single_row_bmm_max_weight must be"),
                                   ("onednn", "yes", "onednn must be True, False or 'auto'")]:
         with pytest.raises(ValueError, match=re.escape(message)):
