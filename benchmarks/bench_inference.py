@@ -22,7 +22,9 @@ On a CPU the float32 figures are set against the machine's matmul ceiling: 2048Â
 (`torch.mm`) and through oneDNN (`linear`), measured alternately with the model in this process (before and after
 each measurement: the host's noise moves both), and the fraction of the faster ceiling the model's useful matmul
 FLOPs reach (`flops_per_position`), in batches of `--batch-size` and at `ElmoEmbedder`'s default batching (its
-`batch_tokens`, over `--embedder-sentences` sentences, tokenization and output arrays included).
+`batch_tokens`, over `--embedder-sentences` sentences, tokenization and output arrays included). `--profile` adds
+where one forward of the first batch spends its time in each mode run (`profiling.forward_shares`: the token layer,
+the LSTM's matmuls, its gate arithmetic, copies).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_training import matmul_flops_per_second  # benchmarks/ (the script's directory)
+from profiling import SHARES, forward_shares
 from transformers.utils import logging as hf_logging
 
 from hf_elmo import (
@@ -99,6 +102,16 @@ def measure(mode: str | None, model: ElmoModel, batches: list[dict], single: dic
                                  warm_up=LATENCY_WARM_UP)
         first = [layer.float().cpu() for layer in model(**batches[0], inference_cache=cache, **options).hidden_states]
     return seconds, latency, first
+
+
+def profile_forward(mode: str | None, model: ElmoModel, batch: dict) -> dict[str, float]:
+    """`profiling.forward_shares` of one forward of `batch` in `mode` (as `measure` runs it, after a warm-up)."""
+    cache = ElmoInferenceCache(token_cache_size=0)
+    options = {"quantize": "int8"} if mode == "int8" else {}
+    device = next(model.parameters()).device
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "bf16"):
+        model(**batch, inference_cache=cache, **options)
+        return forward_shares(lambda: model(**batch, inference_cache=cache, **options))
 
 
 def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
@@ -185,6 +198,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=64)
     parser.add_argument("--length", type=int, default=25)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one forward of the first batch per mode (where its time goes)")
     parser.add_argument("--embedder-sentences", type=int, default=320,
                         help="sentences for the row at ElmoEmbedder's default batching (CPU; 0: no such row)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -235,6 +250,7 @@ def main() -> None:
     print(header)
     ceilings: list[str] = []
     matmul_ceilings: list[str] = []
+    profiles: list[str] = []
     embedder_sentences = random_sentences(args.embedder_sentences, args.length, seed=2)
     characters = statistics.mean(len(word) + 2 for sentence in sentences for word in sentence)
     for name in args.presets.split(","):
@@ -277,6 +293,10 @@ def main() -> None:
             row += (f" {n_tokens / theirs['seconds']:>14.0f} {theirs['seconds'] / seconds:>6.2f}"
                     f" {theirs['latency'] * 1e3:>11.1f} {theirs['latency'] / latency:>6.2f} {difference:>10.2e}")
         print(row, flush=True)
+        for profiled in [None, mode] if args.profile else []:
+            shares = profile_forward(profiled, model, device_batches[0])
+            profiles.append(f"{name} {profiled or 'float32'}: {shares['ms']:.0f} ms of operations; " + ", ".join(
+                f"{share} {shares[share]:.0%}" for share in SHARES))
         if ceiling:
             positions = args.length + 2  # the words and <S>, </S>
             flops = flops_per_position(model, characters) * positions / args.length  # per word
@@ -287,6 +307,8 @@ def main() -> None:
                                                                                      max(1, args.repeats // 2))
                 ceiling.sample()
             matmul_ceilings.append(f"{name} ({flops / 1e9:.3f} GFLOP per word): {ceiling.describe(reached)}")
+    for line in profiles:
+        print(f"profile of one forward of batch {args.batch_size}, {line}")
     for line in matmul_ceilings:
         print(f"float32 matmul ceiling, {line}")
     for line in ceilings:

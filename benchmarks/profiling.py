@@ -9,6 +9,7 @@ step the host holds up shows as a device mostly idle. On a CPU: the host figures
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,3 +71,49 @@ def summarise(result: profile, steps: int, seconds: float, device: str) -> dict[
         "device_busy_share": round(busy / 1e6 / seconds, 3),
     })
     return summary
+
+
+# Where a CPU forward of the biLM spends its time, by the operations torch.profiler records (their own time): the
+# token layer (everything called from the char CNN's kernels: its filters, highway and projection), then in the
+# biLSTM the matmuls, the gate and cell arithmetic, and copies.
+MATMULS = frozenset({"mkldnn::_linear_pointwise", "quantized::linear_dynamic", "aten::addmm", "aten::mm", "aten::bmm",
+                     "aten::baddbmm"})
+ARITHMETIC = frozenset({"aten::tanh", "aten::sigmoid", "aten::mul", "aten::addcmul", "aten::clamp", "aten::add",
+                        "aten::add_", "aten::sub"})
+COPIES = frozenset({"aten::cat", "aten::copy_", "aten::clone", "aten::constant_pad_nd", "aten::index",
+                    "aten::index_put_", "aten::stack"})
+SHARES = ("token layer", "LSTM matmuls", "LSTM gate arithmetic", "copies", "other")
+
+
+def _called_from(event: Any, function: str) -> bool:
+    """Whether `event` ran inside a call of the Python function named `function` (its parent events, with stacks)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if f": {function}" in parent.name:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def forward_shares(forward: Callable[[], object]) -> dict[str, float]:
+    """`forward()` once under torch.profiler (with Python stacks): the share of its operations' own time in each of
+    `SHARES`, and "ms", that time in all."""
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as result:
+        forward()
+    times = dict.fromkeys(SHARES, 0.0)
+    for event in result.events():
+        if "::" not in event.name or event.name.startswith("aten::empty"):
+            continue
+        if _called_from(event, "token_representations"):
+            share = "token layer"
+        elif event.name in MATMULS:
+            share = "LSTM matmuls"
+        elif event.name in ARITHMETIC:
+            share = "LSTM gate arithmetic"
+        elif event.name in COPIES:
+            share = "copies"
+        else:
+            share = "other"
+        times[share] += event.self_cpu_time_total
+    total = sum(times.values())
+    return {"ms": total / 1e3, **{name: value / total for name, value in times.items()}}

@@ -129,6 +129,28 @@ def test_where_int8_cannot_run_it_is_float32_with_one_line(real_model, batch, pr
     assert [str(w.message) for w in caught] == [INT8_ON_GPU] * 2
 
 
+def test_a_torch_without_quantized_tensor_creation_runs_int8_as_float32_with_one_line(real_model, batch, monkeypatch):
+    """torch 2.13 deprecates `torch.quantize_per_channel` (what `Int8Weight` packs FBGEMM's weights from); the day a
+    torch removes it, `runtime.int8_matmuls` says so and the int8 mode runs float32 (exact) with one line, never a
+    traceback from inside a forward."""
+    from host_cpus import forget_capabilities
+
+    monkeypatch.delattr(torch, "quantize_per_channel")
+    forget_capabilities()
+    try:
+        assert not runtime.int8_matmuls()
+        made = []
+        monkeypatch.setattr(weight_forms.Int8Weight, "__init__", lambda *args, **kwargs: made.append(args))
+        with pytest.warns(HostWarning) as caught:
+            got = layers(real_model, batch, quantize="int8", inference_cache=ElmoInferenceCache())
+        assert [str(w.message) for w in caught] == [INT8_AS_FLOAT32] and made == []
+        assert all(torch.equal(a, b) for a, b in zip(layers(real_model, batch), got, strict=True))
+    finally:
+        monkeypatch.undo()
+        forget_capabilities()
+    assert runtime.int8_matmuls() is ("avx2" in runtime.cpu_flags())
+
+
 def test_int8_capability_is_asked_of_the_cpu(pretend_cpu):
     for cpu, expected in (("avx", False), ("amx", True), ("avx2", True)):
         pretend_cpu(cpu)
