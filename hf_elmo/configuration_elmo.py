@@ -57,7 +57,7 @@ class ElmoKernelOptions:
             long sentences).
         lstm_input_block: bytes one matmul of input projections (rows x steps x 4 x cell) writes at most: a
             window's steps are cut to stay under it, so that its output stays in the CPU's caches until its steps
-            read it (larger outputs ran 1.2 to 1.5 times slower per forward; docs/performance.md).
+            read it (uncut, a forward ran 1.04 to 1.36 times slower, by mode and batch; docs/performance.md).
         single_row_bmm_max_weight: largest per-direction weight (elements) for which a one-row LSTM step uses one
             batched MKL matmul for both directions rather than two oneDNN calls (each with a fixed cost).
         distinct_words: the char CNN runs on each distinct word of a batch once, grouped by length and cut after the
