@@ -216,12 +216,15 @@ def test_a_stopped_driver_keeps_its_complete_shards_and_the_same_command_resumes
     it; a damaged shard is redone, never kept."""
     source, expected = long_input
     output, partial = tmp_path / "out", tmp_path / ".out.partial"
-    command = ["embed", "--ray", "--ray-address", cluster, tiny_model_dir, source, output, "--shard-size", 100,
+    # Small shards (40), and the second round stopped at its first new one: the resumed driver must not finish the
+    # job before it is stopped (shards go on completing while the first stop is handled).
+    command = ["embed", "--ray", "--ray-address", cluster, tiny_model_dir, source, output, "--shard-size", 50,
                "--workers", 1]
     seen = 0
     for stop in (signal.SIGINT, signal.SIGKILL):
         driver = elmo(*command)
-        wait_for(lambda: len(complete_shards(partial)) >= seen + 3, process=driver)  # noqa: B023 (this round's)
+        wanted = 3 if seen == 0 else seen + 1
+        wait_for(lambda: len(complete_shards(partial)) >= wanted, process=driver)  # noqa: B023 (this round's)
         driver.send_signal(stop)
         code, stderr = finished(driver)
         if stop == signal.SIGINT:
@@ -229,7 +232,7 @@ def test_a_stopped_driver_keeps_its_complete_shards_and_the_same_command_resumes
             lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
             assert all(line.startswith("embedding on Ray") for line in lines[:-1]), stderr  # no logs of Ray's
             last = stderr.splitlines()[-1]
-            assert last.startswith("Interrupted: ") and f"of 20 shards are complete in {partial} (" in last, last
+            assert last.startswith("Interrupted: ") and f"of 40 shards are complete in {partial} (" in last, last
             assert last.endswith("kept): rerun the same command to resume, or delete it")
         else:
             assert code == -signal.SIGKILL
