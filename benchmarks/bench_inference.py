@@ -22,7 +22,9 @@ On a CPU the float32 figures are set against the machine's matmul ceiling: 2048Â
 (`torch.mm`) and through oneDNN (`linear`), measured alternately with the model in this process (before and after
 each measurement: the host's noise moves both), and the fraction of the faster ceiling the model's useful matmul
 FLOPs reach (`flops_per_position`), in batches of `--batch-size` and at `ElmoEmbedder`'s default batching (its
-`batch_tokens`, over `--embedder-sentences` sentences, tokenization and output arrays included). `--profile` adds
+`batch_tokens`, over `--embedder-sentences` sentences, tokenization and output arrays included); beside each, the
+most the recurrence's shape allows (`recurrence_bound`: the steps' matmuls at the rate they reach alone for that many
+rows, every other matmul at the ceiling, nothing else taking time). `--profile` adds
 where one forward of the first batch spends its time in each mode run (`profiling.forward_shares`: the token layer,
 the LSTM's matmuls, its gate arithmetic, copies).
 """
@@ -43,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_training import matmul_flops_per_second  # benchmarks/ (the script's directory)
+from bench_lstm_step import step_timings  # benchmarks/ (the script's directory)
+from bench_training import matmul_flops_per_second
 from profiling import SHARES, forward_shares
 from transformers.utils import logging as hf_logging
 
@@ -144,6 +147,21 @@ def flops_per_position(model: ElmoModel, characters: float) -> float:
     return 2 * macs
 
 
+def recurrence_bound(model: ElmoModel, rows: int, flops: float, words_per_position: float, ceiling: float,
+                     options: ElmoKernelOptions) -> float:
+    """The FLOP/s a forward of `rows` sentences (`flops` per word) could reach at most if every matmul but the
+    recurrent steps' ran at `ceiling` and nothing else took time, the steps' recurrent and projection matmuls at the
+    rate they reach alone for `rows` rows (`bench_lstm_step.step_timings`): the bound their shape puts on it."""
+    seconds, step_flops = 0.0, 0.0  # per position
+    for layer in model.bilstm.layers:
+        _, matmuls = step_timings(layer, rows, False, options, repeats=3)
+        seconds += matmuls / rows
+        step_flops += 2 * sum(w.numel() for w in (layer.weights().recurrent_weight, layer.weights().projection_weight)
+                              if w is not None)
+    per_word = seconds / words_per_position + (flops - step_flops / words_per_position) / ceiling
+    return flops / per_word
+
+
 class Ceiling:
     """The machine's float32 matmul rates (FLOP/s) through MKL and oneDNN, sampled between the model's measurements;
     each reported as the median of its samples."""
@@ -162,10 +180,12 @@ class Ceiling:
     def best(self) -> float:
         return max(self.rate(name) for name in self.samples)
 
-    def describe(self, reached: dict[str, float]) -> str:
-        """The ceilings, and the fraction of the faster one each of `reached` (label: FLOP/s) is."""
-        fractions = ", ".join(f"{label} {rate / 1e9:.0f} GFLOP/s = {rate / self.best():.0%}"
-                              for label, rate in reached.items())
+    def describe(self, reached: dict[str, tuple[float, float]]) -> str:
+        """The ceilings, and the fraction of the faster one each of `reached` (label: FLOP/s reached, and the bound
+        the recurrence's shape puts on it) is."""
+        fractions = ", ".join(f"{label} {rate / 1e9:.0f} GFLOP/s = {rate / self.best():.0%} (the recurrence's "
+                              f"shape allows at most {bound / 1e9:.0f} = {bound / self.best():.0%})"
+                              for label, (rate, bound) in reached.items())
         return (f"MKL {self.rate('mkl') / 1e9:.0f}, oneDNN {self.rate('onednn') / 1e9:.0f} GFLOP/s "
                 f"({len(self.samples['mkl'])} samples each, alternately with the model); reached: {fractions}")
 
@@ -300,12 +320,15 @@ def main() -> None:
         if ceiling:
             positions = args.length + 2  # the words and <S>, </S>
             flops = flops_per_position(model, characters) * positions / args.length  # per word
-            reached = {f"batch {args.batch_size}": flops * n_tokens / seconds}
+            bound = dict(model=model, flops=flops, words_per_position=args.length / positions, options=options)
+            reached = {f"batch {args.batch_size}": (
+                flops * n_tokens / seconds, recurrence_bound(rows=args.batch_size, ceiling=ceiling.best(), **bound))}
             if args.embedder_sentences:
                 embedder_tokens = args.embedder_sentences * args.length
-                reached["ElmoEmbedder"] = flops * embedder_tokens / embedder_seconds(model, embedder_sentences,
-                                                                                     max(1, args.repeats // 2))
+                rate = flops * embedder_tokens / embedder_seconds(model, embedder_sentences, max(1, args.repeats // 2))
                 ceiling.sample()
+                rows = min(args.embedder_sentences, ElmoEmbedder(model).batch_tokens // positions)  # its batches
+                reached["ElmoEmbedder"] = (rate, recurrence_bound(rows=rows, ceiling=ceiling.best(), **bound))
             matmul_ceilings.append(f"{name} ({flops / 1e9:.3f} GFLOP per word): {ceiling.describe(reached)}")
     for line in profiles:
         print(f"profile of one forward of batch {args.batch_size}, {line}")

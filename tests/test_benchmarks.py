@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -46,6 +47,18 @@ def test_bench_inference_modes_print_their_speed_and_distance_beside_float32(mod
     assert float(ratio) == pytest.approx(float(mode_tokens) / float(tokens), rel=0.01, abs=0.01)
     assert float(latency_ratio) == pytest.approx(float(latency) / float(mode_latency), rel=0.02, abs=0.01)
     assert 0 < float(difference) < 0.1 and 0.999 < float(cosine) <= 1.0
+    # The float32 forward against the faster matmul ceiling, and the bound the recurrence's shape puts on it: each
+    # fraction from the printed rates, within their rounding.
+    [matmul] = [line for line in lines if line.startswith("float32 matmul ceiling, small (")]
+    mkl, onednn = map(float, re.search(r": MKL (\d+), oneDNN (\d+) GFLOP/s", matmul).groups())
+    reached = re.findall(r"(batch 2|ElmoEmbedder) (\d+) GFLOP/s = (\d+)% \(the recurrence's shape allows at most "
+                         r"(\d+) = (\d+)%\)", matmul)
+    assert [label for label, *_ in reached] == ["batch 2", "ElmoEmbedder"]
+    for _, *figures in reached:
+        rate, fraction, bound, bound_fraction = map(float, figures)
+        assert 0 < rate and 0 < bound
+        assert fraction / 100 == pytest.approx(rate / max(mkl, onednn), abs=0.01 + 0.5 / max(mkl, onednn))
+        assert bound_fraction / 100 == pytest.approx(bound / max(mkl, onednn), abs=0.01 + 0.5 / max(mkl, onednn))
     ceilings = [line for line in lines if line.startswith("memory-bound ceiling")]
     if mode == "int8":
         # small: 2 layers x 2 directions x (recurrent 4096 x 128 + projection 128 x 1024) weights
