@@ -40,6 +40,7 @@ import string
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from hf_elmo import (
     ElmoInferenceCache,
     ElmoKernelOptions,
     ElmoModel,
+    ElmoModelOutput,
     load_model,
 )
 from hf_elmo.kernel_plan import uses_onednn
@@ -76,52 +78,68 @@ def random_sentences(n: int, length: int, seed: int = 0) -> list[list[str]]:
 LATENCY_WARM_UP = 5  # untimed single-sentence calls before the timed ones (the worker has the same)
 
 
-def median_seconds(function, repeats: int, device: torch.device, warm_up: int = 1) -> float:
-    for _ in range(warm_up):
-        function()
-    timings = []
+def median_seconds(functions: list[Callable[[], object]], repeats: int, device: torch.device,
+                   warm_up: int = 1) -> list[float]:
+    """Median seconds of each of `functions`, timed in turn `repeats` times after `warm_up` untimed calls each:
+    alternately, so that the host's noise moves them alike."""
+    for function in functions:
+        for _ in range(warm_up):
+            function()
+    timings: list[list[float]] = [[] for _ in functions]
     for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        timings.append(time.perf_counter() - start)
-    return statistics.median(timings)
+        for function, times in zip(functions, timings):
+            start = time.perf_counter()
+            function()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) for times in timings]
 
 
-def measure(mode: str | None, model: ElmoModel, batches: list[dict], single: dict, repeats: int, latency_calls: int,
-            device: torch.device, cache_tokens: bool = False) -> tuple[float, float, list[torch.Tensor]]:
-    """Seconds per pass over `batches` and per `single` sentence, and the first batch's layers, in `mode` (None:
-    float32, "bf16", "int8"), the weights' forms kept between calls (and the token representations with
-    `cache_tokens`, then only the seconds per pass)."""
-    cache = ElmoInferenceCache() if cache_tokens else ElmoInferenceCache(token_cache_size=0)
+def forward_in(mode: str | None, model: ElmoModel, cache: ElmoInferenceCache) -> Callable[[dict], ElmoModelOutput]:
+    """The model's forward of one batch of inputs in `mode` (None: float32, "bf16", "int8"), keeping the weights'
+    forms (and token representations) in `cache`."""
     options = {"quantize": "int8"} if mode == "int8" else {}
-    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "bf16"):
-        seconds = median_seconds(lambda: [model(**b, inference_cache=cache, **options) for b in batches], repeats,
-                                 device)
+    device_type = next(model.parameters()).device.type
+
+    def forward(inputs: dict) -> ElmoModelOutput:
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=mode == "bf16"):
+            return model(**inputs, inference_cache=cache, **options)
+
+    return forward
+
+
+def measure(modes: list[str | None], model: ElmoModel, batches: list[dict], single: dict, repeats: int,
+            latency_calls: int, device: torch.device, cache_tokens: bool = False
+            ) -> list[tuple[float, float, list[torch.Tensor]]]:
+    """Per mode of `modes` (`forward_in`), timed alternately with the others pass by pass and call by call: seconds
+    per pass over `batches` and per `single` sentence, and the first batch's layers, the weights' forms kept between
+    calls (and the token representations with `cache_tokens`, then only the seconds per pass)."""
+    forwards = [forward_in(mode, model, ElmoInferenceCache(**({} if cache_tokens else {"token_cache_size": 0})))
+                for mode in modes]
+    with torch.inference_mode():
+        seconds = median_seconds([lambda f=f: [f(b) for b in batches] for f in forwards], repeats, device)
         if cache_tokens:
-            return seconds, 0.0, []
-        latency = median_seconds(lambda: model(**single, inference_cache=cache, **options), latency_calls, device,
-                                 warm_up=LATENCY_WARM_UP)
-        first = [layer.float().cpu() for layer in model(**batches[0], inference_cache=cache, **options).hidden_states]
-    return seconds, latency, first
+            return [(s, 0.0, []) for s in seconds]
+        latencies = median_seconds([lambda f=f: f(single) for f in forwards], latency_calls, device,
+                                   warm_up=LATENCY_WARM_UP)
+        firsts = [[layer.float().cpu() for layer in f(batches[0]).hidden_states] for f in forwards]
+    return list(zip(seconds, latencies, firsts))
 
 
 def profile_forward(mode: str | None, model: ElmoModel, batch: dict) -> dict[str, float]:
     """`profiling.forward_shares` of one forward of `batch` in `mode` (as `measure` runs it, after a warm-up)."""
-    cache = ElmoInferenceCache(token_cache_size=0)
-    options = {"quantize": "int8"} if mode == "int8" else {}
-    device = next(model.parameters()).device
-    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "bf16"):
-        model(**batch, inference_cache=cache, **options)
-        return forward_shares(lambda: model(**batch, inference_cache=cache, **options))
+    forward = forward_in(mode, model, ElmoInferenceCache(token_cache_size=0))
+    with torch.inference_mode():
+        forward(batch)
+        return forward_shares(lambda: forward(batch))
 
 
 def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
     """Bytes per second this machine reads from memory (a sum over `megabytes` of float32, median of `repeats`)."""
     data = torch.ones(megabytes * 2**18)
     data.sum()
-    return data.numel() * 4 / median_seconds(data.sum, repeats, torch.device("cpu"))
+    return data.numel() * 4 / median_seconds([data.sum], repeats, torch.device("cpu"))[0]
 
 
 def step_weights(model: ElmoModel) -> int:
@@ -195,7 +213,7 @@ def embedder_seconds(model: ElmoModel, sentences: list[list[str]], repeats: int)
     warm with the weights' forms, no token representations kept: every word through the char CNN)."""
     embedder = ElmoEmbedder(model)
     embedder.inference_cache = ElmoInferenceCache(token_cache_size=0)
-    return median_seconds(lambda: list(embedder.embed_sentences(sentences)), repeats, torch.device("cpu"))
+    return median_seconds([lambda: list(embedder.embed_sentences(sentences))], repeats, torch.device("cpu"))[0]
 
 
 def run_allennlp(python: str, model_dir: Path, batches: list[dict], single: dict, threads: int, repeats: int,
@@ -283,13 +301,13 @@ def main() -> None:
         ceiling = Ceiling() if device.type == "cpu" else None
         if ceiling:
             ceiling.sample()
-        seconds, latency, ours_first = measure(None, **run)
+        (seconds, latency, ours_first), *in_mode = measure([None, mode] if mode else [None], **run)
         if ceiling:
             ceiling.sample()
-        cached_seconds, _, _ = measure(None, **run, cache_tokens=True)
+        [(cached_seconds, _, _)] = measure([None], **run, cache_tokens=True)
         row = f"{name:<9} {n_tokens / seconds:>9.0f} {latency * 1e3:>10.1f} {n_tokens / cached_seconds:>12.0f}"
         if mode:  # side by side with float32; over every row (boundaries and padding included: every row is a word)
-            mode_seconds, mode_latency, mode_first = measure(mode, **run)
+            [(mode_seconds, mode_latency, mode_first)] = in_mode
             if mode == "int8":
                 positions, bandwidth = device_single["input_ids"].shape[1], read_bandwidth()
                 bound = [positions * step_weights(model) * size / bandwidth for size in (4, 1)]
