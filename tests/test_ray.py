@@ -131,6 +131,18 @@ def complete_shards(partial: Path) -> list[Path]:
     return sorted(partial.glob("part-*.parquet"))
 
 
+def settled_shards(partial: Path, quiet: float = 5.0, timeout: float = 60.0) -> list[Path]:
+    """The complete shards once none has been added for `quiet` seconds: a killed driver's workers may still finish
+    the shard they hold before Ray stops them."""
+    shards, since, deadline = complete_shards(partial), time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, f"shards still being added to {partial} after {timeout:.0f} s"
+        time.sleep(0.2)
+        if (now := complete_shards(partial)) != shards:
+            shards, since = now, time.monotonic()
+    return shards
+
+
 def in_process(*args: object):
     """`elmo ARGS` as this process's Ray driver (no interpreter to start: the job's workers are what it waits for)."""
     return runner.invoke(app, [str(arg) for arg in args])
@@ -239,7 +251,7 @@ def test_a_stopped_driver_keeps_its_complete_shards_and_the_same_command_resumes
         assert not output.exists()
         seen = len(complete_shards(partial))
         assert seen >= 3
-    kept = complete_shards(partial)
+    kept = settled_shards(partial)
     kept[0].write_bytes(kept[0].read_bytes()[:-100])  # a damaged shard: redone, never kept
     result = in_process(*command)
     assert result.exit_code == 0, result.output

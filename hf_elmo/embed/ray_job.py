@@ -336,8 +336,11 @@ class _Reporter:
 
     def __init__(self, progress: Any, index: int, node: str):
         self.progress, self.index, self.node = progress, index, node
+        import ray
+
         self.rows, self.reported = 0, time.monotonic()
-        self.progress.report.remote(index, 0, os.getpid(), node)
+        # Delivered before the shard's lock file is written: a worker stopped from then on is seen stalled.
+        ray.get(self.progress.report.remote(index, 0, os.getpid(), node))
 
     def __call__(self) -> None:
         self.rows += 1
