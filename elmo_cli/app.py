@@ -313,9 +313,8 @@ def _setting_errors() -> Iterator[None]:
 
 
 @contextmanager
-def _interruptible(interrupted: Callable[[], str]) -> Iterator[None]:
-    """SIGTERM as SIGINT (so that what a run writes is cleaned up, as on Ctrl-C), and either as one line,
-    `interrupted()`, exit status 130."""
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM as SIGINT: `KeyboardInterrupt`, so that what a run writes is cleaned up as on Ctrl-C."""
     import signal
 
     def terminate(signum: int, frame: Any) -> None:
@@ -324,11 +323,19 @@ def _interruptible(interrupted: Callable[[], str]) -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _interruptible(interrupted: Callable[[], str]) -> Iterator[None]:
+    """SIGINT or SIGTERM as one line, `interrupted()`, exit status 130."""
+    try:
+        with _terminate_as_interrupt():
+            yield
     except KeyboardInterrupt:
         typer.echo(f"Interrupted: {interrupted()}", err=True)
         raise typer.Exit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _split_embed_arguments(arguments: list[str], original_weights: bool, ray: bool) -> tuple[str, list[str], Path]:
@@ -433,12 +440,12 @@ def embed(
     ] = False,
     encoding: Annotated[str, typer.Option(help="INPUT's encoding, e.g. `utf-16` (with its byte-order mark), "
                                           "`latin-1`, `cp1252` (Python's codec names).")] = "utf-8",
-    ray: Annotated[bool, typer.Option("--ray", help="Run on a Ray cluster (Ray Data): a local one started for the "
-                                      "job, or --ray-address's. OUTPUT is a directory of Parquet shards; a rerun "
+    ray: Annotated[bool, typer.Option("--ray", help="Run on a Ray cluster: a local one started for the job "
+                                      "(on loopback only), or --ray-address's. OUTPUT is a directory of Parquet shards; a rerun "
                                       "of the same command resumes.")] = False,
     ray_address: Annotated[
         str | None, typer.Option(help="With --ray: an existing cluster (`auto`, `ray://host:10001`, `host:6379`) "
-                                 "[default: a local cluster for the job].")
+                                 "[default: a local cluster for the job, on loopback only].")
     ] = None,
     workers: Annotated[
         int | None, typer.Option(min=1, help="With --ray: model replicas, each on its own process [default: as "
@@ -451,8 +458,10 @@ def embed(
         float, typer.Option(min=0, help="With --ray: GPUs per worker (1: each worker runs on a GPU).")
     ] = 0.0,
     shard_size: Annotated[
-        int, typer.Option(min=1, help="With --ray: sentences per shard, the unit of work, retry and resume.")
-    ] = 10_000,
+        int | None, typer.Option(min=1, help="With --ray: sentences per shard, the unit of work, retry and resume "
+                                 "[default: 4 shards per worker or more, at most 10,000 sentences each; a rerun "
+                                 "keeps the first run's].")
+    ] = None,
     stall_timeout: Annotated[
         float, typer.Option(min=1, help="With --ray: seconds without progress after which a worker is taken as "
                             "stalled and the job ends (naming it; its complete shards kept).")
@@ -512,14 +521,17 @@ def embed(
     descheduled thread, many times slower. On a machine that gets busy later, give `--threads 1` (or the cores
     left free).
 
-    **A Ray cluster (`--ray`).** The inputs are cut into shards of `--shard-size` sentences, which Ray Data hands
-    to `--workers` model replicas (`--cpus-per-worker` threads, `--gpus-per-worker` GPUs each; a worker that dies is
-    replaced and its shard redone). OUTPUT is a directory of Parquet shards `part-NNNNN.parquet`, in input order,
-    that appears when every shard is complete; until then the shards sit in a hidden `.OUTPUT.partial` directory
-    beside it, and the same command rerun keeps the complete ones (checked) and redoes the rest. A worker that
+    **A Ray cluster (`--ray`).** The inputs are cut into shards of `--shard-size` sentences, which the driver hands
+    to `--workers` model replicas one at a time (`--cpus-per-worker` threads, `--gpus-per-worker` GPUs each; a worker
+    that dies is replaced and its shard redone). OUTPUT is a directory of Parquet shards `part-NNNNN.parquet`, in
+    input order, that appears when every shard is complete; until then the shards sit in a hidden `.OUTPUT.partial`
+    directory beside it, and the same command rerun keeps the complete ones and redoes the rest. A shard is kept
+    only while the input holds the lines it was made from (a digest of them, not sizes or times): lines edited while
+    a job runs fail their shards in one line, and a rerun after an edit redoes the shards it changed. A worker that
     makes no progress for `--stall-timeout` seconds ends the job in one line naming it. Without --ray-address a
-    local cluster is started for the job; OUTPUT (and MODEL, if a directory) must be on a filesystem every node
-    sees.
+    local cluster is started for the job, listening on loopback only; a cluster of your own accepts drivers without
+    authentication unless you turn on Ray's (`RAY_AUTH_MODE=token`). OUTPUT (and MODEL, if a directory) must be on a
+    filesystem every node sees.
     """
     original_weights = options_file is not None or weight_file is not None
     model, inputs, output_file = _split_embed_arguments(arguments, original_weights, ray)
@@ -565,7 +577,7 @@ def embed(
                                  param_hint="--device/--cuda-device/--threads/--options-file")
     ray_only = {"--ray-address": ray_address is not None, "--workers": workers is not None,
                 "--cpus-per-worker": cpus_per_worker != 1.0, "--gpus-per-worker": gpus_per_worker != 0.0,
-                "--shard-size": shard_size != 10_000, "--stall-timeout": stall_timeout != 600.0}
+                "--shard-size": shard_size is not None, "--stall-timeout": stall_timeout != 600.0}
     if not ray and any(ray_only.values()):
         raise typer.BadParameter("applies to --ray only", param_hint=next(flag for flag, set_ in ray_only.items()
                                                                           if set_))
@@ -662,7 +674,8 @@ def _embed_on_ray(model: str, inputs: list[str], output: Path, settings: Any, op
     from hf_elmo.runtime import OutOfDeviceMemoryError
 
     try:
-        summary = embed_on_ray(model, inputs, output, settings, progress=not quiet, **options, **cluster)
+        with _terminate_as_interrupt():
+            summary = embed_on_ray(model, inputs, output, settings, progress=not quiet, **options, **cluster)
     except EmbedSettingError as error:
         raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
     except JobInterrupted as interrupted:

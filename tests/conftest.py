@@ -12,6 +12,7 @@ import torch
 from elmo_fixtures import ALLENNLP, TINY_CONFIG, require, tiny_config
 from fake_hub import FakeHub, patch_hub_client
 from host_cpus import Pretended, forget_capabilities, pretend
+from processes import Processes
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,15 @@ def fake_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
     """
     with FakeHub() as hub, patch_hub_client(hub.url, tmp_path_factory.mktemp("hf_home")):
         yield hub
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    """`processes.start(command, env)`: a process of its own session, ended with everything it started when the test
+    ends, passed or failed (`processes.Processes`)."""
+    started = Processes()
+    yield started
+    started.end()
 
 
 @pytest.fixture

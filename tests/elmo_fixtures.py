@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,28 @@ def toy_batch(vocabulary) -> dict:
 
     segments = [s for line in toy_lines()[:3] for s in split_line(line.split(), None)]
     return encode_batch(segments, ElmoCharTokenizer(max_characters_per_token=10), vocabulary)
+
+
+def in_a_small_tmpfs(directory: Path, size: str, command: list[str], env: dict[str, str],
+                     timeout: float = 180) -> subprocess.CompletedProcess:
+    """`command` in a private mount namespace where `directory` is a fresh tmpfs of `size`, then a listing of it
+    (every name, hidden ones too), which the process's stdout ends with."""
+    script = f'mount -t tmpfs -o size={size} tmpfs "$1" && shift && "$@"; code=$?; ls -A "$DIR"; exit $code'
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh",
+                           str(directory), *command], capture_output=True, text=True, timeout=timeout,
+                          env={**env, "DIR": str(directory)})
+
+
+def require_tmpfs(tmp_path: Path) -> None:
+    """Skip (fail with CI=true) where no small tmpfs can be mounted in a user namespace of the test's own."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        available = in_a_small_tmpfs(probe, "64k", ["true"], dict(os.environ)).returncode == 0
+    except FileNotFoundError:
+        available = False
+    probe.rmdir()
+    if not available:
+        if os.environ.get("CI"):
+            pytest.fail("a tmpfs in a user namespace (unshare --user --mount) is needed for the full-disk tests")
+        pytest.skip("no user namespaces here to mount a small tmpfs in")

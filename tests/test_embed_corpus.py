@@ -24,7 +24,7 @@ from elmo_cli import app
 from hf_elmo import split_words
 from hf_elmo.embed import ElmoEmbedder, InputError, Sentence, embed_file, open_writer, read_vectors
 from hf_elmo.embed.batches import ElmoBatchEmbedder
-from hf_elmo.embed.reading import InputFile, count_rows, input_files, read_texts
+from hf_elmo.embed.reading import InputFile, count_rows, input_files, read_span, read_texts, split_rows
 from hf_elmo.formulas import pool_words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -206,20 +206,78 @@ def test_json_lines_parquet_globs_and_directories_are_read_in_order(tiny_model, 
         embed_file(embedder, [tmp_path / "corpus"], tmp_path / "out.npy", progress=False, text_column="body")
 
 
-def test_count_rows_finds_every_shards_first_byte(tmp_path):
-    data = b"a\n\nb c\r\nlast without newline"
-    (tmp_path / "t.txt").write_bytes(data)
-    rows, offsets = count_rows(InputFile(str(tmp_path / "t.txt"), "text"), 2)
-    assert rows == 4 and offsets == [0, 3]
-    for start, offset in zip((0, 2), offsets):
-        assert list(read_texts(InputFile(str(tmp_path / "t.txt"), "text"), start=start, offset=offset)) == [
-            "a", "", "b c", "last without newline"][start:]
-    (tmp_path / "t.gz").write_bytes(gzip.compress(data))
-    assert count_rows(InputFile(str(tmp_path / "t.gz"), "text"), 2) == (4, None)
-    (tmp_path / "u16.txt").write_bytes("x\ny\n".encode("utf-16"))
-    assert count_rows(InputFile(str(tmp_path / "u16.txt"), "text"), 1, encoding="utf-16") == (2, None)
-    (tmp_path / "empty.txt").write_bytes(b"")
-    assert count_rows(InputFile(str(tmp_path / "empty.txt"), "text"), 2) == (0, [])
+SPAN_INPUTS = {  # name -> (bytes, kind, encoding, the texts `read_texts` gives)
+    "t.txt": (b"a\n\nb c\r\nlast without newline", "text", "utf-8", ["a", "", "b c", "last without newline"]),
+    "t.gz": (gzip.compress(b"a\n\nb c\n\xff d\n"), "text", "utf-8", ["a", "", "b c", "\udcff d"]),
+    "u16.txt": ("x\ny\nz\n".encode("utf-16"), "text", "utf-16", ["x", "y", "z"]),
+    "t.jsonl": (b'{"text": "one"}\n{"text": "two", "id": 2}\n{"text": ""}\n', "jsonl", "utf-8", ["one", "two", ""]),
+    "empty.txt": (b"", "text", "utf-8", []),
+}
+
+
+@pytest.mark.parametrize("name", [*SPAN_INPUTS, "t.parquet"])
+@pytest.mark.parametrize("every", [1, 2, 3, 100])
+def test_an_input_splits_into_spans_that_read_back_as_its_rows(tmp_path, name, every):
+    if name == "t.parquet":
+        texts = ["p one", "p two", "three", "", "five"]
+        pq.write_table(pa.table({"text": texts}), tmp_path / name, row_group_size=2)
+        source = InputFile(str(tmp_path / name), "parquet")
+    else:
+        data, kind, encoding, texts = SPAN_INPUTS[name]
+        (tmp_path / name).write_bytes(data)
+        source = InputFile(str(tmp_path / name), kind)
+    encoding = SPAN_INPUTS.get(name, (0, 0, "utf-8"))[2]
+    assert list(read_texts(source, encoding=encoding)) == texts
+    assert count_rows(source, encoding=encoding) == len(texts)
+    spans = split_rows(source, every, encoding=encoding)
+    assert [(s.start, s.stop) for s in spans] == [(i, min(i + every, len(texts))) for i in range(0, len(texts), every)]
+    assert [text for span in spans for text in read_span(source, span, encoding=encoding)] == texts
+    assert len({span.digest for span in spans}) == len(spans) or every == 100
+    if name in ("t.txt", "t.jsonl"):  # read as their bytes: each span starts at its first line's byte
+        data = SPAN_INPUTS[name][0]
+        for span in spans:
+            assert data[span.offset : span.end].count(b"\n") in (span.rows, span.rows - 1)
+            assert span.offset == sum(len(line) for line in data.splitlines(keepends=True)[: span.start])
+    else:
+        assert all(span.offset is None and span.end is None for span in spans)
+
+
+@pytest.mark.parametrize("edit", ["longer line before", "same size inside", "line removed", "gzip same size",
+                                  "parquet value", "lines added at the end"])
+def test_a_span_whose_lines_changed_since_it_was_planned_fails_in_one_line_and_never_reads_other_lines(tmp_path, edit):
+    """Known by the bytes (a digest), not by sizes and times: a same-size edit with the old mtime put back is seen."""
+    lines = [f"line {i}" for i in range(30)]
+    path = tmp_path / ("t.parquet" if edit == "parquet value" else "t.gz" if edit == "gzip same size" else "t.txt")
+    write = {".parquet": lambda ls: pq.write_table(pa.table({"text": ls}), path),
+             ".gz": lambda ls: path.write_bytes(gzip.compress("".join(f"{x}\n" for x in ls).encode(), mtime=0)),
+             ".txt": lambda ls: path.write_text("".join(f"{x}\n" for x in ls), encoding="utf-8")}[path.suffix]
+    write(lines)
+    source = InputFile(str(path), "parquet" if path.suffix == ".parquet" else "text")
+    spans = split_rows(source, 10)
+    before = os.stat(path)
+    changed = {"longer line before": lines[:5] + ["line 5 made longer by some bytes"] + lines[6:],
+               "same size inside": lines[:15] + ["LINE 15"] + lines[16:],
+               "line removed": lines[:3] + lines[4:],
+               "gzip same size": lines[:15] + ["LINE 15"] + lines[16:],
+               "parquet value": lines[:15] + ["LINE 15"] + lines[16:],
+               "lines added at the end": lines + ["line 30", "line 31"]}[edit]
+    write(changed)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    failed = []
+    for span in spans:
+        try:
+            got = list(read_span(source, span))
+        except InputError as error:
+            what = (f"rows {span.start}-{span.stop - 1}" if path.suffix == ".parquet" else
+                    f"lines {span.start + 1}-{span.stop}")
+            assert str(error) == (f"{path} changed while the job ran: its {what} are no longer what they were when "
+                                  "the job was planned (nothing of them is kept): rerun the command to plan it again")
+            failed.append(span.start)
+            continue
+        assert got == lines[span.start : span.stop]  # a span that reads is its own lines, never another's
+    # After a line of another length every later span starts at another byte: none of them reads.
+    assert failed == {"longer line before": [0, 10, 20], "same size inside": [10], "line removed": [0, 10, 20],
+                      "gzip same size": [10], "parquet value": [10], "lines added at the end": []}[edit]
 
 
 @pytest.mark.parametrize(("name", "content", "message"), [
@@ -340,3 +398,13 @@ def test_elmo_embed_resolves_the_model_name_once(tiny_model_dir, tmp_path, monke
     result = cli("embed", tiny_model_dir, source, tmp_path / "out.npy", "-q")
     assert result.exit_code == 0, result.output
     assert len(calls) == 1, calls
+
+
+def test_the_default_shard_size_gives_every_worker_several_shards_within_bounds():
+    from hf_elmo.embed.shards import MAX_SHARD_SIZE, MIN_SHARD_SIZE, SHARDS_PER_WORKER, default_shard_size
+
+    assert (SHARDS_PER_WORKER, MIN_SHARD_SIZE, MAX_SHARD_SIZE) == (4, 1000, 10_000)
+    assert default_shard_size(11_283, 2) == 1411  # 8 shards: 4 per worker, the last 1,406 lines
+    assert default_shard_size(236_000, 8) == 7375  # 32 shards
+    assert default_shard_size(10_000_000, 2) == 10_000  # the most a shard holds: 1,000 shards
+    assert default_shard_size(1595, 1) == 1000 and default_shard_size(0, 4) == 1000  # the least

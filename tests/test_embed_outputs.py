@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from elmo_fixtures import message_words
+from elmo_fixtures import in_a_small_tmpfs, message_words, require_tmpfs
 from typer.testing import CliRunner
 
 from elmo_cli import app
@@ -243,25 +243,6 @@ def test_gzip_input_is_read_as_text_from_a_file_or_stdin_and_damaged_gzip_is_one
 # -- 7. full disks ---------------------------------------------------------------------------------------------------
 
 
-def _in_a_small_tmpfs(directory: Path, size: str, command: list[str]) -> subprocess.CompletedProcess:
-    """`command` in a private mount namespace where `directory` is a fresh tmpfs of `size`, then a listing of it
-    (every name, hidden ones too), which the process's stdout ends with."""
-    script = f'mount -t tmpfs -o size={size} tmpfs "$1" && shift && "$@"; code=$?; ls -A "$DIR"; exit $code'
-    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh",
-                           str(directory), *command], capture_output=True, text=True, timeout=180,
-                          env={**ENV, "DIR": str(directory)})
-
-
-def _tmpfs_available(tmp_path: Path) -> bool:
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    try:
-        result = _in_a_small_tmpfs(probe, "64k", ["true"])
-    except FileNotFoundError:
-        return False
-    return result.returncode == 0
-
-
 FULL_DISK = """
 import sys
 from typer.testing import CliRunner
@@ -276,17 +257,14 @@ for name in ("out.npy", "out.hdf5", "out.parquet"):
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(tiny_model_dir, tmp_path):
     """Each writer onto a tmpfs too small for its output (in a mount namespace of the test's own)."""
-    if not _tmpfs_available(tmp_path):
-        if os.environ.get("CI"):
-            pytest.fail("a tmpfs in a user namespace (unshare --user --mount) is needed for the full-disk test")
-        pytest.skip("no user namespaces here to mount a small tmpfs in")
+    require_tmpfs(tmp_path)
     source = tmp_path / "in.txt"
     source.write_text("".join(f"line {i} of the {i * 7} words w{i % 13} x{i % 31}\n" for i in range(600)),
                       encoding="utf-8")
     disk = tmp_path / "disk"
     disk.mkdir()
-    result = _in_a_small_tmpfs(disk, "256k", [sys.executable, "-c", FULL_DISK, str(tiny_model_dir), str(source),
-                                              str(disk)])
+    result = in_a_small_tmpfs(disk, "256k", [sys.executable, "-c", FULL_DISK, str(tiny_model_dir), str(source),
+                                             str(disk)], ENV)
     assert result.returncode == 0, result.stderr
     reports = dict(line.split(" ", 1) for line in result.stderr.splitlines())
     assert sorted(reports) == ["out.hdf5", "out.npy", "out.parquet"], result.stderr

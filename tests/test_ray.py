@@ -1,29 +1,37 @@
-"""`elmo embed --ray` on a Ray cluster of two nodes on this machine (`ray.cluster_utils.Cluster`, started once for the
-module, this process its driver): its output equals one process's, a killed worker or driver loses nothing, a rerun
-resumes, a stalled worker ends the job in one line, bad input fails its shard alone; without an address, a local
-cluster of its own; and `ElmoBatchEmbedder` under Ray Data. Jobs run in this process where they can (no interpreter
-to start for each); a driver that is interrupted or killed is a process of its own."""
+"""`elmo embed --ray`: on a Ray cluster of two nodes on this machine (`ray.cluster_utils.Cluster`, started once for the
+module, this process its driver) its output equals one process's, a killed worker or driver loses nothing, a rerun
+resumes, a stalled worker ends the job in one line, bad input fails its shard alone, and an input that changes
+during or after a job never gives a row of other lines; without an address, a local cluster of the job's own that
+listens on loopback only and is gone with the job, however the job ends; and `ElmoBatchEmbedder` under Ray Data.
+
+No test depends on the machine's speed: a job that must not finish before the test has stopped or changed something
+is held at a gate (`ray_gate`: the driver hands out no shard past it), and every process a test starts is ended
+with it (`processes`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+from elmo_fixtures import in_a_small_tmpfs, require_tmpfs
+from processes import session_processes
+from ray_gate import gated, held_at, open_to
 from typer.testing import CliRunner
 
 from elmo_cli import app
-from hf_elmo.embed import read_vectors
+from hf_elmo.embed import ray_job, read_vectors
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_torch_thread")]
 runner = CliRunner(env={"COLUMNS": "1000"})
@@ -31,6 +39,8 @@ runner = CliRunner(env={"COLUMNS": "1000"})
 # cluster started in this process and one started by another would each write.
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 ENV = {**os.environ, **RAY_ENV, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+GATE_SCRIPT = Path(__file__).with_name("ray_gate.py")
+PTB = Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb" / "ptb.valid.txt"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,7 +50,6 @@ def ray_environment():
     yield
     for name, value in saved.items():
         os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
-PTB = Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb" / "ptb.valid.txt"
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +58,22 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    nodes.add_node(num_cpus=1)
-    nodes.wait_for_nodes()
-    ray.init(address=nodes.address, log_to_driver=False)
-    yield nodes.address
-    ray.shutdown()
-    nodes.shutdown()
+    try:
+        nodes.add_node(num_cpus=1)
+        nodes.wait_for_nodes()
+        ray.init(address=nodes.address, log_to_driver=False)
+        yield nodes.address
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
+@pytest.fixture
+def gate(tmp_path, monkeypatch) -> Path:
+    """A gate for the jobs this process drives (`ray_gate`), open until a test closes it."""
+    path = tmp_path / "gate"
+    monkeypatch.setattr(ray_job._Pool, "_give", gated(ray_job._Pool._give, path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +93,17 @@ def corpus(tmp_path_factory):
     return directory
 
 
-def elmo(*args: object, **options) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "elmo_cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, **options)
+def lines_of(count: int, seed: int = 0) -> str:
+    return "".join(f"line {i} of the {(i + seed) % 17} words w{i % 13} and x{i % 29} again\n" for i in range(count))
 
 
-def finished(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
-    _, stderr = process.communicate(timeout=timeout)
-    return process.returncode, stderr
+@pytest.fixture(scope="module")
+def long_input(tmp_path_factory, tiny_model_dir):
+    """2,000 lines, and one process's output of them (the tiny model)."""
+    directory = tmp_path_factory.mktemp("long")
+    source = directory / "long.txt"
+    source.write_text(lines_of(2000), encoding="utf-8")
+    return source, one_process(tiny_model_dir, [source], directory / "one.parquet")
 
 
 def one_process(model: object, inputs: list[Path], output: Path, *options: object) -> pa.Table:
@@ -100,47 +122,30 @@ def assert_same_rows(got: pa.Table, expected: pa.Table, atol: float = 1e-5) -> N
         np.testing.assert_allclose(a, b, atol=atol, rtol=0)
 
 
-def wait_for(condition, timeout: float = 240.0, process: subprocess.Popen | None = None):
+def wait_for(condition, timeout: float = 240.0, process=None):
     """`condition()`'s first true value, waiting for it (failing with `process`'s output if it ends first)."""
     deadline = time.monotonic() + timeout
     while not (found := condition()):
         if process is not None and process.poll() is not None:
             pytest.fail(f"the driver ended first ({process.returncode}): {process.communicate()[1][-3000:]}")
         assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+        time.sleep(0.05)
     return found
 
 
-def shard_pid(partial: Path) -> int | None:
-    """The pid of a worker writing a shard now (its shard's lock file records it), if any."""
-    writing = shard_being_written(partial)
-    return writing and writing[0]
+def finished(process, timeout: float = 300) -> tuple[int, str]:
+    _, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stderr
 
 
-def shard_being_written(partial: Path) -> tuple[int, str] | None:
-    """A worker writing a shard now, and the shard's file name (its lock file records the worker), if any."""
-    for lock in partial.glob(".part-*.lock"):
-        try:
-            return int(json.loads(lock.read_text())["pid"]), lock.name[1 : -len(".lock")]
-        except (OSError, ValueError, KeyError):
-            continue
-    return None
-
-
-def complete_shards(partial: Path) -> list[Path]:
-    return sorted(partial.glob("part-*.parquet"))
-
-
-def settled_shards(partial: Path, quiet: float = 5.0, timeout: float = 60.0) -> list[Path]:
-    """The complete shards once none has been added for `quiet` seconds: a killed driver's workers may still finish
-    the shard they hold before Ray stops them."""
-    shards, since, deadline = complete_shards(partial), time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() - since < quiet:
-        assert time.monotonic() < deadline, f"shards still being added to {partial} after {timeout:.0f} s"
-        time.sleep(0.2)
-        if (now := complete_shards(partial)) != shards:
-            shards, since = now, time.monotonic()
-    return shards
+def gone(leader: int, timeout: float = 60.0) -> bool:
+    """Whether every process of the session `leader` started has ended (waiting for them up to `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while session_processes(leader):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def in_process(*args: object):
@@ -155,66 +160,137 @@ def meanwhile(action) -> threading.Thread:
     return thread
 
 
-@pytest.fixture(scope="module")
-def long_input(tmp_path_factory, tiny_model_dir):
-    """2,000 lines, and one process's output of them (the tiny model)."""
-    directory = tmp_path_factory.mktemp("long")
-    source = directory / "long.txt"
-    source.write_text("".join(f"line {i} of the {i % 17} words w{i % 13} and x{i % 29} again\n" for i in range(2000)),
-                      encoding="utf-8")
-    return source, one_process(tiny_model_dir, [source], directory / "one.parquet")
+def complete_shards(partial: Path) -> list[Path]:
+    return sorted(partial.glob("part-*.parquet"))
 
 
-def test_without_an_address_a_local_cluster_is_started_for_the_job_and_stopped(long_input, tiny_model_dir, tmp_path):
-    """First in the module: before this process connects to the two nodes."""
+def shard_metadata(path: Path) -> dict:
+    return json.loads(pq.read_schema(path).metadata[b"elmo"])
+
+
+def workers_alive() -> list[dict]:
+    """The job workers alive on the module's cluster (Ray's own record of its actors)."""
+    from ray._private import state
+
+    return [actor for actor in state.actors().values()
+            if actor["ActorClassName"] == "_ShardWorker" and actor["State"] == "ALIVE"]
+
+
+def loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+# -- a local cluster of the job's own ---------------------------------------------------------------------------
+
+
+def test_a_local_job_listens_on_loopback_only_and_is_gone_with_its_processes(long_input, tiny_model_dir, tmp_path,
+                                                                              processes):
+    """Without --ray-address: every socket its GCS, raylet, agents and workers listen on is a loopback one (Ray
+    accepts drivers without authentication), the default plan gives every worker several shards, and when the job
+    ends no process of it is left; the output equals one process's."""
     source, expected = long_input
-    assert not ray.is_initialized()
-    result = in_process("embed", "--ray", tiny_model_dir, source, tmp_path / "out", "--shard-size", 1000,
-                        "--workers", 1)
-    assert result.exit_code == 0, result.output
-    assert not ray.is_initialized()  # its cluster stopped with it
-    assert_same_rows(pq.read_table(tmp_path / "out"), expected)
-    assert result.stderr.splitlines()[-1].startswith("2000 sentences written to ")
+    gate, output = tmp_path / "gate", tmp_path / "out"
+    open_to(gate, 1)
+    driver = processes.start([sys.executable, GATE_SCRIPT, gate, "embed", "--ray", tiny_model_dir, source, output,
+                              "--workers", 1], env=ENV)
+    wait_for(lambda: held_at(gate) == 1, process=driver)
+    listening = {(member.name(), connection.laddr.ip) for member in session_processes(driver.pid)
+                 for connection in member.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN}
+    names = {name for name, _ in listening}
+    assert {"gcs_server", "raylet"} <= names and any(name.startswith("ray::") for name in names), listening
+    assert all(loopback(ip) for _, ip in listening), sorted(listening)
+    open_to(gate, float("inf"))
+    code, stderr = finished(driver)
+    assert code == 0, stderr
+    assert stderr.splitlines()[-1].startswith(f"2000 sentences written to {output} (2 shards; 2 embedded in ")
+    assert_same_rows(pq.read_table(output), expected)
+    assert gone(driver.pid)
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C twice"])
+def test_a_stopped_local_job_says_so_in_one_line_and_leaves_no_process(long_input, tiny_model_dir, tmp_path,
+                                                                         processes, stop):
+    source, _ = long_input
+    gate, output = tmp_path / "gate", tmp_path / "out"
+    open_to(gate, 1)
+    driver = processes.start([sys.executable, GATE_SCRIPT, gate, "embed", "--ray", tiny_model_dir, source, output,
+                              "--workers", 1, "--shard-size", 500], env=ENV)
+    wait_for(lambda: held_at(gate) == 1, process=driver)
+    if stop == "SIGTERM":
+        driver.send_signal(signal.SIGTERM)
+    else:
+        driver.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+    code, stderr = finished(driver)
+    assert code == 130, stderr
+    assert "SIGTERM received" not in stderr and "Traceback" not in stderr, stderr
+    assert stderr.splitlines()[-1] == (f"Interrupted: 1 of 4 shards are complete in {tmp_path / '.out.partial'} "
+                                       f"({stderr.splitlines()[-1].split('(')[1].split(',')[0]}, kept): rerun the same "
+                                       "command to resume, or delete it")
+    assert gone(driver.pid, timeout=30), [p.name() for p in session_processes(driver.pid)]
+    assert not output.exists() and len(complete_shards(tmp_path / ".out.partial")) == 1
+
+
+def test_a_full_disk_under_ray_is_the_workers_own_line_naming_the_file(long_input, tiny_model_dir, tmp_path):
+    """OUTPUT on a tmpfs too small for it (the job and its local cluster in a mount namespace of the test's own)."""
+    require_tmpfs(tmp_path)
+    source, _ = long_input
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    result = in_a_small_tmpfs(disk, "256k", [sys.executable, "-m", "elmo_cli", "embed", "--ray", str(tiny_model_dir),
+                                             str(source), str(disk / "out"), "--workers", "1", "-q"], ENV,
+                              timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"Error: no space left on the disk holding {disk / '.out.partial'}/part-0000"), (
+        result.stderr)
+    assert "the partial output is removed: free space, or write elsewhere (complete shards are kept in " in (
+        result.stderr)
+
+
+# -- on the module's two nodes -----------------------------------------------------------------------------------
 
 
 def test_the_shipped_model_on_two_nodes_equals_one_process_and_a_killed_worker_loses_nothing(cluster, corpus,
-                                                                                             tmp_path):
-    """Every input kind and PTB sentences, in shards over both nodes, one worker killed mid-job: every sentence once,
-    its vectors those of one process to float32's batch rounding."""
+                                                                                             tmp_path, gate):
+    """Every input kind and PTB sentences, in shards over both nodes, one worker killed mid-job (held at a shard,
+    then released): every sentence once, its vectors those of one process to float32's batch rounding."""
     source = tmp_path / "ptb.txt"
     source.write_text("".join(PTB.read_text(encoding="utf-8").splitlines(keepends=True)[:150]), encoding="utf-8")
     inputs = [corpus / "a.txt", corpus / "b.jsonl.gz", corpus / "c.parquet", source]
     expected = pa.concat_tables([one_process("default", [path], tmp_path / f"{path.name}.parquet") for path in inputs])
-    output, partial = tmp_path / "out", tmp_path / ".out.partial"
+    output = tmp_path / "out"
     command = ["embed", "--ray", "--ray-address", cluster, "default", *inputs, output, "--shard-size", 15,
                "--workers", 2]
-    killed = []
+    open_to(gate, 4)
+    killed, nodes = [], set()
 
     def kill_a_worker() -> None:
-        pid, shard = wait_for(lambda: len(complete_shards(partial)) >= 2 and shard_being_written(partial))
-        os.kill(pid, signal.SIGKILL)
-        killed.append((pid, shard))
+        wait_for(lambda: held_at(gate) == 4)
+        wait_for(lambda: len(workers_alive()) == 2)
+        workers = workers_alive()
+        nodes.update(worker["Address"]["NodeID"] for worker in workers)
+        killed.append(workers[0]["Pid"])
+        os.kill(killed[0], signal.SIGKILL)
+        open_to(gate, float("inf"))
 
     meanwhile(kill_a_worker)
     result = in_process(*command)
     assert result.exit_code == 0, result.output
-    assert killed, "no worker was killed"
+    assert killed and len(nodes) == 2  # a worker on each node, one of them killed
     assert result.stderr.splitlines()[-1].startswith(f"166 sentences written to {output} (13 shards; 13 embedded in ")
     assert sorted(p.name for p in output.iterdir()) == ["_elmo_embed.json"] + [f"part-{i:05d}.parquet"
                                                                                for i in range(13)]
-    assert not partial.exists() and not (tmp_path / ".out.lock").exists()
+    assert not (tmp_path / ".out.partial").exists() and not (tmp_path / ".out.lock").exists()
     got = pq.read_table(output)
     assert_same_rows(got, expected)
-    worst = max(float(np.abs(a - b).max(initial=0)) for a, b in zip(read_vectors(got), read_vectors(expected)))
-    assert worst <= 1e-5, worst
     manifest = json.loads((output / "_elmo_embed.json").read_text())
     assert manifest["complete"] and [s["path"] for s in manifest["shards"]].count(str(source)) == 10
-    # Both nodes worked (each worker records where it ran), and another worker wrote the killed one's shard.
-    written_by = {path.name: json.loads(pq.read_schema(path).metadata[b"elmo"])["written_by"]
-                  for path in output.glob("part-*.parquet")}
-    assert len({w["node"] for w in written_by.values()}) == 2
-    pid, shard = killed[0]
-    assert written_by[shard]["pid"] != pid
+    assert all(shard_metadata(output / f"part-{i:05d}.parquet")["written_by"]["pid"] != killed[0]
+               for i in range(4, 13))  # the shards after the kill: written by the other worker or the restarted one
+    assert not workers_alive()  # the job's workers end with it, on a cluster that goes on
     # A rerun of the complete job does nothing; another job's output is never mixed in.
     result = in_process(*command)
     assert result.exit_code == 0 and "is complete already (13 shards of this job): nothing to do" in result.stderr
@@ -223,53 +299,55 @@ def test_the_shipped_model_on_two_nodes_equals_one_process_and_a_killed_worker_l
 
 
 def test_a_stopped_driver_keeps_its_complete_shards_and_the_same_command_resumes(cluster, long_input, tiny_model_dir,
-                                                                                tmp_path):
-    """Interrupted (SIGINT), then killed (SIGKILL), then run to its end: every sentence once, as one process writes
-    it; a damaged shard is redone, never kept."""
+                                                                                tmp_path, processes):
+    """Interrupted (SIGINT) when 3 shards are complete, then killed (SIGKILL) at 5, then run to its end: every
+    sentence once, as one process writes it; a damaged shard is redone, never kept; no worker of a stopped driver
+    goes on."""
     source, expected = long_input
-    output, partial = tmp_path / "out", tmp_path / ".out.partial"
-    # Small shards (40), and the second round stopped at its first new one: the resumed driver must not finish the
-    # job before it is stopped (shards go on completing while the first stop is handled).
+    gate, output, partial = tmp_path / "gate", tmp_path / "out", tmp_path / ".out.partial"
     command = ["embed", "--ray", "--ray-address", cluster, tiny_model_dir, source, output, "--shard-size", 50,
                "--workers", 1]
-    seen = 0
-    for stop in (signal.SIGINT, signal.SIGKILL):
-        driver = elmo(*command)
-        wanted = 3 if seen == 0 else seen + 1
-        wait_for(lambda: len(complete_shards(partial)) >= wanted, process=driver)  # noqa: B023 (this round's)
+    for stop, at in ((signal.SIGINT, 3), (signal.SIGKILL, 5)):
+        open_to(gate, at)
+        driver = processes.start([sys.executable, GATE_SCRIPT, gate, *map(str, command)], env=ENV)
+        wait_for(lambda: held_at(gate) == at, process=driver)  # noqa: B023 (this round's)
         driver.send_signal(stop)
         code, stderr = finished(driver)
         if stop == signal.SIGINT:
             assert code == 130, stderr
             lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
             assert all(line.startswith("embedding on Ray") for line in lines[:-1]), stderr  # no logs of Ray's
-            last = stderr.splitlines()[-1]
-            assert last.startswith("Interrupted: ") and f"of 40 shards are complete in {partial} (" in last, last
-            assert last.endswith("kept): rerun the same command to resume, or delete it")
+            assert lines[-1].startswith(f"Interrupted: 3 of 40 shards are complete in {partial} ("), lines[-1]
+            assert lines[-1].endswith("kept): rerun the same command to resume, or delete it")
         else:
             assert code == -signal.SIGKILL
         assert not output.exists()
-        seen = len(complete_shards(partial))
-        assert seen >= 3
-    kept = settled_shards(partial)
+        assert len(complete_shards(partial)) == at
+        assert wait_for(lambda: not workers_alive(), timeout=60)
+    kept = complete_shards(partial)
     kept[0].write_bytes(kept[0].read_bytes()[:-100])  # a damaged shard: redone, never kept
     result = in_process(*command)
     assert result.exit_code == 0, result.output
     summary = result.stderr.splitlines()[-1]
-    assert summary.endswith(f", {len(kept) - 1} kept from an earlier run)"), summary
+    assert summary.startswith(f"2000 sentences written to {output} (40 shards; 36 embedded in ")
+    assert summary.endswith(", 4 kept from an earlier run)"), summary
     assert_same_rows(pq.read_table(output), expected)
     assert not partial.exists()
 
 
-def test_a_stalled_worker_ends_the_job_in_one_line_naming_it(cluster, long_input, tiny_model_dir, tmp_path):
+def test_a_stalled_worker_ends_the_job_in_one_line_naming_it(cluster, long_input, tiny_model_dir, tmp_path, gate):
+    """The worker is stopped (SIGSTOP) between shards, then given one: no progress, named within --stall-timeout."""
     source, _ = long_input
     output, partial = tmp_path / "out", tmp_path / ".out.partial"
+    open_to(gate, 1)
     stopped: list[tuple[int, float]] = []
 
     def stop_the_worker() -> None:
-        pid = wait_for(lambda: shard_pid(partial))
+        wait_for(lambda: held_at(gate) == 1)
+        pid = shard_metadata(complete_shards(partial)[0])["written_by"]["pid"]
         os.kill(pid, signal.SIGSTOP)
         stopped.append((pid, time.monotonic()))
+        open_to(gate, float("inf"))
 
     meanwhile(stop_the_worker)
     try:
@@ -280,14 +358,15 @@ def test_a_stalled_worker_ends_the_job_in_one_line_naming_it(cluster, long_input
             os.kill(pid, signal.SIGKILL)
     pid, when = stopped[0]
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
-    assert result.stderr.startswith(f"Error: worker pid {pid} on ") and " made no progress on shard " in result.stderr
-    assert "for 4 s (--stall-timeout); the job stopped; complete shards are kept in " in result.stderr
+    assert result.stderr == (f"Error: worker pid {pid} on {os.uname().nodename} made no progress on shard 1 "
+                             f"({source} lines 201-400, 0 of 200 sentences) for 4 s (--stall-timeout); the job "
+                             f"stopped; complete shards are kept in {partial}: rerun the same command to resume\n")
     assert time.monotonic() - when < 60
     assert not output.exists() and partial.is_dir()
 
 
 def test_bad_input_fails_its_shard_in_one_line_and_the_other_shards_are_kept(cluster, tiny_model_dir, tmp_path):
-    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good, bad, nul = tmp_path / "good.jsonl", tmp_path / "bad.jsonl", tmp_path / "nul.txt"
     good.write_text("".join(json.dumps({"text": f"good {i}"}) + "\n" for i in range(6)), encoding="utf-8")
     rows = [{"text": f"bad {i}"} for i in range(6)]
     rows[4]["text"] = None
@@ -299,8 +378,103 @@ def test_bad_input_fails_its_shard_in_one_line_and_the_other_shards_are_kept(clu
     assert "; the other shards are complete in " in result.stderr
     complete = complete_shards(tmp_path / ".out.partial")
     assert len(complete) == 5  # 3 of good.jsonl, 2 of bad.jsonl: all but its lines 5-6
-    assert [json.loads(pq.read_schema(p).metadata[b"elmo"])["shard"]["index"] for p in complete] == [0, 1, 2, 3, 4]
+    assert [shard_metadata(p)["shard"]["index"] for p in complete] == [0, 1, 2, 3, 4]
     assert not (tmp_path / "out").exists()
+    # Bytes that are no text (a NUL): the worker's own line names the file and the line, whatever Ray wraps it in.
+    nul.write_bytes(b"fine\nfine too\nbad \x00 line\n")
+    result = in_process("embed", "--ray", "--ray-address", cluster, tiny_model_dir, nul, tmp_path / "nul",
+                        "--workers", 1, "-q")
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith(f"Error: {nul}: line 3 holds a NUL byte, which text never does"), result.stderr
+
+
+def test_an_empty_input_reads_back_as_zero_rows_with_the_schema(cluster, tiny_model_dir, tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    output = tmp_path / "out"
+    command = ["embed", "--ray", "--ray-address", cluster, tiny_model_dir, tmp_path / "empty.txt", output,
+               "--layers", "top"]
+    result = in_process(*command)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[-1].startswith(f"0 sentences written to {output} (0 shards; ")
+    table = pq.read_table(output)
+    assert table.num_rows == 0 and table.schema.field("vectors").type == pa.list_(pa.list_(pa.float32(), 16))
+    assert read_vectors(output) == []
+    assert "is complete already (0 shards of this job): nothing to do" in in_process(*command).stderr
+
+
+def test_an_input_edited_during_or_after_a_job_never_gives_rows_of_other_lines(cluster, tiny_model_dir, tmp_path,
+                                                                               gate):
+    """A line lengthened while the job runs fails the shards after it (exit 1, one line) and the rerun redoes them;
+    a line changed after a complete job (same line count) is redone by the rerun, the rest kept; a same-size edit of
+    an interrupted job's written shard, its mtime put back, is redone on resume. Every output equals one process on
+    the input as it is."""
+    source, output = tmp_path / "in.txt", tmp_path / "out"
+    source.write_text(lines_of(2000), encoding="utf-8")
+    command = ["embed", "--ray", "--ray-address", cluster, tiny_model_dir, source, output, "--shard-size", 200,
+               "--workers", 1, "-q"]
+
+    def edit(line: int, text: str, keep_time: bool = False) -> None:
+        before = os.stat(source)
+        lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+        lines[line] = text + "\n"
+        source.write_text("".join(lines), encoding="utf-8")
+        if keep_time:
+            os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+    def expected() -> pa.Table:
+        return one_process(tiny_model_dir, [source], tmp_path / f"one-{time.monotonic_ns()}.parquet")
+
+    open_to(gate, 1)
+
+    def lengthen_a_line() -> None:
+        wait_for(lambda: held_at(gate) == 1)
+        edit(100, "line 100 now longer by twenty-four bytes")
+        open_to(gate, float("inf"))
+
+    meanwhile(lengthen_a_line)
+    result = in_process(*command)
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith(f"Error: {source} changed while the job ran: its lines 201-400 are no longer what "
+                                    "they were when the job was planned (nothing of them is kept): rerun the command "
+                                    "to plan it again (and 8 more shards); the other shards are complete in ")
+    open_to(gate, float("inf"))
+    result = in_process(*command[:-1])
+    assert result.exit_code == 0, result.output
+    assert "(10 shards; 10 embedded in " in result.stderr  # shard 0 too: its line 101 is another now
+    assert_same_rows(pq.read_table(output), expected())
+    edit(1000, "line 1000 edited after the job")  # of another length: the shards from line 1001 on start elsewhere
+    result = in_process(*command[:-1])
+    assert result.exit_code == 0, result.output
+    assert "(10 shards; 5 embedded in " in result.stderr and result.stderr.endswith(", 5 kept from an earlier run)\n")
+    assert_same_rows(pq.read_table(output), expected())
+    # Interrupted at shard 3, then a same-size edit in shard 0 with the old mtime put back: redone on resume.
+    second = tmp_path / "second"
+    open_to(gate, "interrupt 3")
+    result = in_process(*command[:6], second, *command[7:])
+    assert result.exit_code == 130 and "Interrupted: 3 of 10 shards are complete in " in result.stderr
+    edit(50, "LINE 50" + source.read_text(encoding="utf-8").splitlines()[50][7:], keep_time=True)
+    open_to(gate, float("inf"))
+    result = in_process(*command[:6], second, *command[7:-1])
+    assert result.exit_code == 0, result.output
+    assert "(10 shards; 8 embedded in " in result.stderr and result.stderr.endswith(", 2 kept from an earlier run)\n")
+    assert_same_rows(pq.read_table(second), expected())
+    # Lines added while a job runs: no shard holds them, and the job says so instead of ending complete without them.
+    open_to(gate, 1)
+
+    def add_lines() -> None:
+        wait_for(lambda: held_at(gate) == 1)
+        with open(source, "a", encoding="utf-8") as handle:
+            handle.write("an added line\nand another\n")
+        open_to(gate, float("inf"))
+
+    meanwhile(add_lines)
+    result = in_process(*command[:6], tmp_path / "third", *command[7:])
+    assert result.exit_code == 1 and result.stderr == (
+        f"Error: {source} changed while the job ran (2000 lines planned, 2002 now): rerun the same command to embed it "
+        "as it is now (the complete shards are kept)\n")
+    result = in_process(*command[:6], tmp_path / "third", *command[7:-1])
+    assert result.exit_code == 0 and "(11 shards; 1 embedded in " in result.stderr, result.output  # the new lines
+    assert_same_rows(pq.read_table(tmp_path / "third"), expected())
 
 
 def test_plan_time_errors_are_one_line_and_leave_nothing(cluster, tiny_model_dir, tmp_path):

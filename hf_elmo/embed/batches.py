@@ -16,6 +16,7 @@ Face datasets' `map(batched=True)`), one model load per worker process.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -69,12 +70,8 @@ class ElmoBatchEmbedder:
     ):
         self._arguments = dict(model=model, text_column=text_column, tokenized=tokenized, words_column=words_column,
                                vectors_column=vectors_column, threads=threads, device=device, **settings)
-        cpus, gpus = assigned_resources()
-        set_threads(threads if threads is not None else max(1, round(cpus)) if cpus else None)
-        if device is None:
-            device = "cuda" if gpus else "cpu"
-        self.settings = EmbedSettings(device=EmbedSettings.device_of(device), **_tupled(settings))
-        self.embedder = ElmoEmbedder(model, settings=self.settings)
+        self.embedder = worker_embedder(model, EmbedSettings(device=device, **settings), threads)
+        self.settings = self.embedder.settings
         self.text_column, self.tokenized = text_column, tokenized
         self.words_column, self.vectors_column = words_column, vectors_column
 
@@ -96,15 +93,19 @@ class ElmoBatchEmbedder:
         return text.split() if self.tokenized else split_into_words(text, self.embedder.tokenizer.word_tokenizer)
 
 
+def worker_embedder(model: str | os.PathLike, settings: EmbedSettings, threads: int | None = None) -> ElmoEmbedder:
+    """An `ElmoEmbedder` of `model` on what a data engine gave this worker process: torch's threads its CPUs (Ray's
+    `num_cpus`; `threads` given: those; else as `elmo embed`), the GPU it gave (Ray's `num_gpus`) unless
+    `settings.device` names a device, else the CPU."""
+    cpus, gpus = assigned_resources()
+    set_threads(threads if threads is not None else max(1, round(cpus)) if cpus else None)
+    if settings.device is None:
+        settings = dataclasses.replace(settings, device="cuda" if gpus else "cpu")
+    return ElmoEmbedder(model, settings=settings)
+
+
 def _rebuilt(arguments: dict[str, Any]) -> ElmoBatchEmbedder:
     return ElmoBatchEmbedder(**arguments)
-
-
-def _tupled(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings as `EmbedSettings` keeps them (a list of scalar parameters as a tuple)."""
-    if settings.get("scalar_parameters") is not None:
-        settings = {**settings, "scalar_parameters": tuple(settings["scalar_parameters"])}
-    return settings
 
 
 def _column(batch: Any, name: str) -> list[Any]:

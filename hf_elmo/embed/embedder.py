@@ -19,7 +19,7 @@ from ..modeling_elmo import ElmoModel, ElmoScalarMix
 from ..runtime import halve_on_out_of_memory
 from ..text import ElmoBatch, length_batches
 from ..tokenization_elmo import ElmoCharTokenizer
-from .settings import EmbedSettings, VectorLayout
+from .settings import EmbedSettings
 from .windows import Window, chunks, sentence_index, sentence_windows
 
 
@@ -97,9 +97,9 @@ class ElmoEmbedder:
     ):
         if settings is None:
             settings = EmbedSettings(
-                layers, None if scalar_parameters is None else tuple(scalar_parameters), gamma, batch_tokens,
-                buffer_tokens, batch_size, max_sentence_words, EmbedSettings.device_of(device), bf16, quantize, pool,
-                dtype,
+                layers=layers, scalar_parameters=scalar_parameters, gamma=gamma, batch_tokens=batch_tokens,
+                buffer_tokens=buffer_tokens, batch_size=batch_size, max_sentence_words=max_sentence_words,
+                device=device, bf16=bf16, quantize=quantize, pool=pool, dtype=dtype,
             )
         model, tokenizer = _model_and_tokenizer(model, tokenizer)
         settings.check_model(model.config)
@@ -128,10 +128,8 @@ class ElmoEmbedder:
             self.mix.to(self.device)
         self.pool = settings.pool
         self.dtype = np.dtype(settings.dtype)
-        # The shape of one word's output (with `pool`, of one sentence's).
-        width = self.model.config.output_dim
-        self.token_shape: tuple[int, ...] = (num_layers, width) if self.layers == "all" else (width,)
-        self.layout = VectorLayout(self.token_shape, self.pool is not None, settings.dtype)
+        self.layout = settings.layout(self.model.config)
+        self.token_shape = self.layout.token_shape  # of one word's output (with `pool`, of one sentence's)
 
     @property
     def bf16(self) -> bool:

@@ -1,38 +1,63 @@
-"""`embed_on_ray`: `elmo embed --ray`, a corpus embedded on a Ray cluster through Ray Data.
+"""`embed_on_ray`: `elmo embed --ray`, a corpus embedded on a Ray cluster.
 
-The driver (this process) plans the shards (`shards.plan_shards`), keeps those an earlier run of the same job
-completed (checked, not assumed), and hands the others to Ray Data: `map_batches` over the shards with an actor pool
-of `_ShardWorker`s, each loading the model once (`ElmoBatchEmbedder`'s set-up: the CPUs and GPU Ray gave it) and
-writing each shard it is given to a hidden partial file renamed when complete. Ray replaces a worker that dies and
-gives its shard to another, so every shard is written once, whole. The shards sit in `.OUTPUT.partial/` beside
-OUTPUT until all are complete; then the directory is renamed to OUTPUT in one step.
+The driver (this process) plans the shards (`shards.plan_shards`: each with a digest of its lines), keeps those an
+earlier run of the same job completed (checked against what the inputs hold now), and hands the others, one at a
+time, to a pool of `_ShardWorker` actors, each loading the model once on the CPUs and GPU Ray gave it and writing each
+shard it is given to a hidden partial file renamed when complete (its lines checked against the digest first). Ray
+restarts a worker that dies and the driver gives its shard out again, so every shard is written once, whole. The
+shards sit in `.OUTPUT.partial/` beside OUTPUT until all are complete; then the directory is renamed to OUTPUT in one
+step.
 
-Workers report their progress to a `_Progress` actor; the driver shows it, and ends the job (in one line naming the
-worker) when a worker makes no progress for `stall_timeout` seconds. Bad input in a shard (a null text, bytes that
-are not UTF-8) fails that shard alone, in one line; the others are written, and a rerun redoes only what failed.
+The driver asks each busy worker for its progress (sentences written), shows it, and ends the job in one line naming
+the worker when one makes no progress for `stall_timeout` seconds. Bad input in a shard (a null text, bytes that are
+not UTF-8, lines edited since the job was planned) fails that shard alone, in one line; the others are written, and a
+rerun redoes only what failed. A fault of the job (a full disk, a worker's error) ends it in the worker's own line.
+
+Without an address the cluster is the job's own: started for it, every process of it listening on the loopback
+interface only (Ray accepts drivers without authentication: nothing off this machine may reach it), stopped with it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from ..extras import require
-from ..loading import resolve_model
+from ..loading import load_config, resolve_model
 from .outputs import OutputLock, check_not_input, disk_size, partial_path, size_text
-from .reading import InputError, check_input, input_files
+from .reading import InputError, InputFile, NotTextError, check_input, count_rows, input_files
 from .settings import EmbedSettings
-from .shards import JobIdentity, Shard, plan_shards, read_manifest, shard_complete, write_manifest, write_shard
+from .shards import (
+    EMPTY_FILE,
+    MANIFEST,
+    JobIdentity,
+    Shard,
+    default_shard_size,
+    plan_shards,
+    read_manifest,
+    shard_complete,
+    write_empty,
+    write_manifest,
+    write_shard,
+)
+
+# How often the driver asks a busy worker for its progress, and how many times a shard may lose its worker.
+POLL_SECONDS = 0.5
+ATTEMPTS = 3
 
 
 class JobError(RuntimeError):
@@ -56,18 +81,21 @@ def embed_on_ray(
     workers: int | None = None,
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 0.0,
-    shard_size: int = 10_000,
+    shard_size: int | None = None,
     stall_timeout: float = 600.0,
     progress: bool = True,
 ) -> str:
     """Embed every line (row) of `inputs` (files, globs, directories: text, gzip, JSON Lines, Parquet) into the
-    directory `output`, a Parquet shard per `shard_size` lines in input order (`parquet.py`'s layout), on the Ray
-    cluster at `address` (None: a local one started for the job and stopped after it). Returns the summary line.
+    directory `output`, Parquet shards in input order (`parquet.py`'s layout), on the Ray cluster at `address` (None:
+    a local one of the job's own, on loopback only, stopped after it). Returns the summary line.
 
-    A rerun of the same job resumes: shards complete in `.OUTPUT.partial/` are kept, the rest redone; a complete
-    OUTPUT of the same job is left as it is. `workers` model replicas run (default: as many as the cluster's CPUs or
-    GPUs hold), each with `cpus_per_worker` CPUs (its torch threads) and `gpus_per_worker` GPUs. Fails in one line
-    (`JobError`, `InputError`, `ModelLoadError`), keeping every complete shard; `JobInterrupted` on SIGINT."""
+    `workers` model replicas run (default: as many as the cluster's CPUs or GPUs hold), each with `cpus_per_worker`
+    CPUs (its torch threads) and `gpus_per_worker` GPUs; a shard holds `shard_size` lines (default: enough shards
+    that no worker idles long at the end, `shards.default_shard_size`; a rerun keeps the first run's). A rerun of the
+    same job resumes: complete shards whose lines the inputs still hold are kept, the rest redone; a complete OUTPUT
+    is left as it is when the inputs still hold what it was made from, else its changed shards are redone. Fails in
+    one line (`JobError`, `InputError`, `ModelLoadError`), keeping every complete shard; `JobInterrupted` on SIGINT
+    (and SIGTERM where its handler raises `KeyboardInterrupt`, as `elmo embed`'s does)."""
     ray = require("ray", "--ray needs")
     require("pyarrow", "--ray needs")
     output = Path(output)
@@ -79,271 +107,405 @@ def embed_on_ray(
         check_not_input([output, partial], [source.path for source in sources])
         location = resolve_model(model)  # the model, found (downloaded or converted) and checked once
         job = JobIdentity.of(str(model), location, settings, tokenized, encoding, text_column)
-        shards = plan_shards(sources, shard_size, text_column, encoding)
-        if output.exists():
-            return _finished_before(output, job, len(shards))
-        _take_partial_directory(partial, job)
-        done = [s for s in shards if shard_complete(partial / s.file_name(len(shards)), job, s, len(shards))]
-        _remove_stale(partial, {s.file_name(len(shards)) for s in done})
-        write_manifest(partial, job, shards, complete=False)
-        pending = [s for s in shards if s not in set(done)]
-        started = time.perf_counter()
-        if pending:
-            _run(ray, pending, len(shards), partial, job, location, settings, address, workers, cpus_per_worker,
-                 gpus_per_worker, stall_timeout, progress, done_rows=sum(s.rows for s in done))
-        missing = [s for s in shards if not shard_complete(partial / s.file_name(len(shards)), job, s, len(shards))]
-        if missing:
-            raise JobError(f"{len(missing)} shards are not complete ({missing[0].describe()}, ...): rerun the same "
-                           "command to redo them")
-        write_manifest(partial, job, shards, complete=True)
-        os.replace(partial, output)
-        sentences = sum(s.rows for s in shards)
-        return (f"{sentences} sentences written to {output} ({len(shards)} shards; {len(pending)} embedded in "
-                f"{time.perf_counter() - started:.1f} s, {len(done)} kept from an earlier run)")
+        earlier = _earlier_run(output, partial, job)
+        if earlier is not None and (output.exists() or not shard_size):
+            shard_size = earlier.get("shard_size")  # the earlier run's plan (a complete OUTPUT's, always)
+        rows = None if shard_size else sum(count_rows(source, text_column, encoding) for source in sources)
+        if rows == 0:
+            shard_size = default_shard_size(0, 1)
+        shards = plan_shards(sources, shard_size, text_column, encoding) if shard_size else None
+        if shards is not None and output.exists():
+            if _holds(output, job, shards):
+                return f"{output} is complete already ({len(shards)} shards of this job): nothing to do"
+            os.replace(output, partial)  # what the inputs hold now differs in places: those shards are redone
+        partial.mkdir(exist_ok=True)
+        done = _kept(partial, job, shards, shard_size) if shards is not None else []
+        started = time.time()
+        if shards is None or len(done) < len(shards):
+            with _cluster(ray, address) as resources:
+                count = workers or _fitting_workers(resources, cpus_per_worker, gpus_per_worker)
+                # The workers load the model while the plan is made.
+                pool = _Pool(ray, count if shards is None else min(count, len(shards) - len(done)), location,
+                             settings, partial, job, cpus_per_worker, gpus_per_worker)
+                try:
+                    if shards is None:
+                        shard_size = default_shard_size(rows, count)
+                        shards = plan_shards(sources, shard_size, text_column, encoding)
+                        done = _kept(partial, job, shards, shard_size)
+                    pool.run([s for s in shards if s not in set(done)], len(shards), stall_timeout,
+                             _bar(shards, done, progress))
+                except KeyboardInterrupt:
+                    with _shielded():
+                        pool.stop()
+                        raise JobInterrupted(f"{len(done) + pool.completed} of {len(shards)} shards are complete in "
+                                             f"{partial} ({size_text(disk_size(partial))}, kept): rerun the same "
+                                             "command to resume, or delete it") from None
+                finally:
+                    pool.stop()
+            _check_unchanged(sources, shards, job)
+        return _finish(output, partial, job, shards, shard_size, location, settings, done, started)
 
 
-def _finished_before(output: Path, job: JobIdentity, shards: int) -> str:
-    """A complete output already there: this job's (nothing to do), or another's (refused)."""
-    manifest = read_manifest(output)
-    if manifest is None or not output.is_dir():
-        raise JobError(f"{output} exists and is not the output of an `elmo embed --ray` job: delete it, or choose "
-                       "another OUTPUT")
-    if manifest.get("job") != job.digest or len(manifest.get("shards", [])) != shards or not manifest.get("complete"):
-        raise JobError(f"{output} holds the output of another job (another model, settings or input): delete it, or "
-                       "choose another OUTPUT")
-    return f"{output} is complete already ({shards} shards of this job): nothing to do"
-
-
-def _take_partial_directory(partial: Path, job: JobIdentity) -> None:
-    """The job's partial directory, made, or an interrupted run's of the same job (resumed); one of another job is
-    refused (its shards would be lost)."""
+def _earlier_run(output: Path, partial: Path, job: JobIdentity) -> dict[str, Any] | None:
+    """The manifest of this job's earlier run: its complete OUTPUT, else its partial directory (None: none). Another
+    job's, or an OUTPUT that is no job's, is refused (its files would be lost)."""
+    if output.exists():
+        manifest = read_manifest(output) if output.is_dir() else None
+        if manifest is None:
+            raise JobError(f"{output} exists and is not the output of an `elmo embed --ray` job: delete it, or choose "
+                           "another OUTPUT")
+        if manifest.get("job") != job.digest:
+            raise JobError(f"{output} holds the output of another job (another model, settings or reading options): "
+                           "delete it, or choose another OUTPUT")
+        if partial.exists():
+            raise JobError(f"{output} is complete and {partial} holds an interrupted run of the same job: delete one "
+                           "of them")
+        return manifest
     if not partial.exists():
-        partial.mkdir()
-        return
+        return None
     manifest = read_manifest(partial)
     if manifest is not None and manifest.get("job") != job.digest:
         raise JobError(f"{partial} holds an interrupted job with another model, settings or reading options "
                        f"({size_text(disk_size(partial))}): rerun its command to resume it, or delete it to start this "
                        "one")
+    return manifest
 
 
-def _remove_stale(partial: Path, keep: set[str]) -> None:
-    """Remove from the partial directory what is not a complete shard kept: killed workers' partial files, shards
-    of an input that changed, of a plan with other shard sizes."""
+def _holds(directory: Path, job: JobIdentity, shards: list[Shard]) -> bool:
+    """Whether `directory` holds this plan's shards, each complete and of the lines the inputs hold now, and nothing
+    else (but the manifest)."""
+    names = {s.file_name(len(shards)) for s in shards} or {EMPTY_FILE}
+    present = {entry.name for entry in directory.iterdir() if entry.name != MANIFEST}
+    return present == names and all(shard_complete(directory / s.file_name(len(shards)), job, s, len(shards))
+                                    for s in shards)
+
+
+def _kept(partial: Path, job: JobIdentity, shards: list[Shard], shard_size: int) -> list[Shard]:
+    """The shards complete in `partial` (kept), everything else there removed (killed workers' partial files, shards
+    of lines that changed, of another plan); the manifest written, not complete."""
+    done = [s for s in shards if shard_complete(partial / s.file_name(len(shards)), job, s, len(shards))]
+    keep = {s.file_name(len(shards)) for s in done} | {MANIFEST}
     for entry in partial.iterdir():
-        if entry.name not in keep and entry.name != "_elmo_embed.json":
+        if entry.name not in keep:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    write_manifest(partial, job, shards, shard_size, complete=False)
+    return done
 
 
-def _run(ray: Any, pending: list[Shard], shards: int, directory: Path, job: JobIdentity, location: str,
-         settings: EmbedSettings, address: str | None, workers: int | None, cpus_per_worker: float,
-         gpus_per_worker: float, stall_timeout: float, progress: bool, done_rows: int) -> None:
-    """The pending shards through Ray Data (`_execute`, a task of its own that the driver waits on), with the progress
-    shown and stalls caught."""
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.ERROR)
+def _check_unchanged(sources: list[InputFile], shards: list[Shard], job: JobIdentity) -> None:
+    """Fail when an input holds another number of lines than it did when the job was planned (lines added while
+    the job ran, which no shard holds; a shard whose own lines changed fails on its own, `reading.read_span`)."""
+    for source in sources:
+        planned = sum(s.rows for s in shards if s.path == source.path)
+        now = count_rows(source, job.reading["text_column"], job.reading["encoding"])
+        if now != planned:
+            raise JobError(f"{source.path} changed while the job ran ({planned} lines planned, {now} now): rerun the "
+                           "same command to embed it as it is now (the complete shards are kept)")
+
+
+def _finish(output: Path, partial: Path, job: JobIdentity, shards: list[Shard], shard_size: int, location: str,
+            settings: EmbedSettings, done: list[Shard], started: float) -> str:
+    """Every shard checked complete, the manifest marked so, the directory renamed to OUTPUT; the summary line."""
+    if not shards and not (partial / EMPTY_FILE).exists():
+        write_empty(partial, job, settings.layout(load_config(location)))
+    missing = [s for s in shards if not shard_complete(partial / s.file_name(len(shards)), job, s, len(shards))]
+    if missing:
+        raise JobError(f"{len(missing)} shards are not complete ({missing[0].describe()}, ...): rerun the same "
+                       "command to redo them")
+    write_manifest(partial, job, shards, shard_size, complete=True)
+    os.replace(partial, output)
+    sentences = sum(s.rows for s in shards)
+    return (f"{sentences} sentences written to {output} ({len(shards)} shards; {len(shards) - len(done)} embedded in "
+            f"{time.time() - started:.1f} s, {len(done)} kept from an earlier run)")
+
+
+def _fitting_workers(resources: dict[str, float], cpus_per_worker: float, gpus_per_worker: float) -> int:
+    """As many workers as the cluster's GPUs (with `gpus_per_worker`), else its CPUs, hold; at least one."""
+    held = (resources.get("GPU", 0) / gpus_per_worker if gpus_per_worker
+            else resources.get("CPU", 1) / cpus_per_worker)
+    return max(1, int(held))
+
+
+def _bar(shards: list[Shard], done: list[Shard], progress: bool) -> tqdm:
+    kept = sum(s.rows for s in done)
+    return tqdm(total=sum(s.rows for s in shards), initial=kept, unit=" sentences", desc="embedding on Ray",
+                file=sys.stderr, disable=not progress)
+
+
+@contextmanager
+def _cluster(ray: Any, address: str | None) -> Iterator[dict[str, float]]:
+    """Ray for the job, its resources: the cluster at `address` (or the one this process is connected to already),
+    else a local one of the job's own, listening on loopback only, stopped after it. Python's SIGTERM handler is kept
+    (Ray's core installs one that dumps its stack and aborts)."""
+    started = not ray.is_initialized()
+    if started:
+        handler = signal.getsignal(signal.SIGTERM)
+        with _loopback_only(address is None):
+            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR, **({"_node_ip_address": "127.0.0.1"} if address is None else {}))
+        if threading.current_thread() is threading.main_thread() and handler is not None:
+            signal.signal(signal.SIGTERM, handler)
     try:
-        resources = ray.cluster_resources()
-        if workers is None:
-            held = resources.get("GPU", 0) / gpus_per_worker if gpus_per_worker else (
-                resources.get("CPU", 1) / cpus_per_worker)
-            workers = max(1, int(held))
-        tracker = ray.remote(num_cpus=0)(_Progress).remote()
-        arguments = {"model": location, "settings": _settings_record(settings), "directory": str(directory),
-                     "job": _job_record(job), "shards": shards, "progress": tracker}
-        execution = ray.remote(num_cpus=0, max_retries=0)(_execute).remote(
-            [s.record() for s in pending], arguments, min(workers, len(pending)), cpus_per_worker, gpus_per_worker,
-            max(stall_timeout, 600))
+        yield ray.cluster_resources()
+    finally:
+        if started:
+            with _shielded():
+                ray.shutdown()
+
+
+@contextmanager
+def _loopback_only(local: bool) -> Iterator[None]:
+    """While a local cluster starts: Ray's single-machine mode, whose node address is the loopback one, so that its
+    GCS, raylet, agents and workers (which inherit the setting) listen there alone. Ray's only switch for it is the
+    variable it reads for Windows and macOS, where it is the default."""
+    if not local:
+        yield
+        return
+    from ray._private import ray_constants
+
+    saved = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
+        if saved[0] is None:
+            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
+        else:
+            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = saved[0]
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while the job's processes are stopped: a second Ctrl-C must not leave them
+    running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@dataclass
+class _Worker:
+    """One worker as the driver sees it: its actor, who it is (once started), the shard it writes and its progress."""
+
+    actor: Any
+    started: Any  # the call that answers once the worker has loaded the model
+    who: dict[str, Any] | None = None
+    shard: Shard | None = None
+    call: Any = None
+    rows: int = 0
+    moved: float = 0.0  # when it was given its shard, or its rows last moved
+
+
+class _Pool:
+    """The job's workers (`_ShardWorker` actors, restarted by Ray when they die), each given one shard at a time."""
+
+    def __init__(self, ray: Any, count: int, location: str, settings: EmbedSettings, directory: Path,
+                 job: JobIdentity, cpus_per_worker: float, gpus_per_worker: float):
+        self.ray = ray
+        self.tracker = ray.remote(num_cpus=0)(_progress_class()).remote()
+        actor = ray.remote(_ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
+                                                 max_restarts=-1, max_task_retries=0)
+        arguments = (location, settings.to_dict(), str(directory), job.record())
+        self.workers = [self._started(actor.remote(*arguments)) for _ in range(count)]
+        self.directory, self.completed, self.errors = directory, 0, []
+        self.poll, self.polled = None, 0.0  # the question to the tracker in flight, and when it was asked
+        self.lost: dict[int, int] = {}  # shard -> the times its worker died while writing it
+        self.since = time.monotonic()
+
+    def _started(self, actor: Any) -> _Worker:
+        return _Worker(actor, actor.describe.remote())
+
+    def run(self, pending: list[Shard], shards: int, stall_timeout: float, bar: tqdm) -> None:
+        """Every pending shard written (or failed in one line on bad input); `JobError` on a fault of the job."""
+        queue, rows_done, self.since = deque(pending), bar.n, time.monotonic()
         try:
-            _watch(ray, execution, tracker, pending, directory, shards, stall_timeout, progress, done_rows)
-        except BaseException:
-            ray.cancel(execution, force=True)  # its workers go with it
-            raise
-    finally:
-        if started_here:
-            ray.shutdown()
+            while queue or any(worker.shard is not None for worker in self.workers):
+                for worker in self.workers:
+                    if queue and worker.who is not None and worker.shard is None:
+                        self._give(worker, queue.popleft(), shards)
+                for ref in self._ready():
+                    rows_done += self._answered(ref, queue)
+                self._poll()
+                self._check_stalls(stall_timeout, bool(queue))
+                bar.n = rows_done + sum(worker.rows for worker in self.workers if worker.shard is not None)
+                bar.refresh()
+        finally:
+            bar.close()
+        if self.errors:
+            more = f" (and {len(self.errors) - 1} more shards)" if len(self.errors) > 1 else ""
+            raise JobError(f"{self.errors[0]}{more}; the other shards are complete in {self.directory}: fix the input "
+                           "and rerun the same command, which redoes only what is missing")
 
+    def _give(self, worker: _Worker, shard: Shard, shards: int) -> None:
+        worker.shard, worker.rows, worker.moved = shard, 0, time.monotonic()
+        worker.call = worker.actor.write.remote(shard.record(), shards, self.tracker)
 
-def _execute(records: list[dict[str, Any]], arguments: dict[str, Any], workers: int, cpus_per_worker: float,
-             gpus_per_worker: float, wait_for_workers: float) -> list[dict[str, Any]]:
-    """The Ray Data pipeline of a job (run as a task): `map_batches` over the pending shards with an actor pool of
-    `_ShardWorker`s; returns each shard's result (its rows, or the line of bad input that stopped it)."""
-    import ray.data
+    def _ready(self) -> list[Any]:
+        """The calls answered now: waited for up to `POLL_SECONDS`, then all that are done."""
+        refs = [ref for worker in self.workers for ref in (worker.started, worker.call) if ref is not None]
+        refs += [self.poll] if self.poll is not None else []
+        if not refs:
+            time.sleep(POLL_SECONDS)
+            return []
+        ready, _ = self.ray.wait(refs, num_returns=1, timeout=POLL_SECONDS)
+        return self.ray.wait(refs, num_returns=len(refs), timeout=0)[0] if ready else []
 
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False  # the driver shows the job's
-    context.print_on_execution_start = False
-    context.wait_for_min_actors_s = wait_for_workers  # workers load the model before their first shard
-    dataset = ray.data.from_items([{"shard": json.dumps(record)} for record in records],
-                                  override_num_blocks=len(records))
-    dataset = dataset.map_batches(
-        # A shard is a long task: one in flight per worker, so that none queues shards while another idles.
-        _ShardWorker, batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
-        num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, fn_constructor_kwargs=arguments,
-    )
-    return list(dataset.iter_rows())
+    def _answered(self, ref: Any, queue: deque[Shard]) -> int:
+        """Take one answer (a worker started, a shard's result, a progress report); the sentences it completed."""
+        if ref == self.poll:
+            self.poll = None
+            reports = self.ray.get(ref)
+            for worker in self.workers:
+                report = reports.get(worker.shard.index) if worker.shard is not None else None
+                if report is not None and report[1] == worker.who["pid"] and report[0] != worker.rows:
+                    worker.rows, worker.moved = report[0], time.monotonic()
+            return 0
+        worker = next(w for w in self.workers if ref in (w.started, w.call))
+        if ref == worker.started:
+            worker.started = None
+            try:
+                worker.who = self.ray.get(ref)
+            except self.ray.exceptions.RayError as error:  # the worker could not start (its set-up failed)
+                raise JobError(f"a worker could not start: {_one_line(error)}") from None
+            return 0
+        shard, worker.call, worker.shard = worker.shard, None, None
+        try:
+            result = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError:  # the worker died: Ray restarts it; its shard is given out again
+            self.lost[shard.index] = self.lost.get(shard.index, 0) + 1
+            if self.lost[shard.index] >= ATTEMPTS:
+                raise JobError(f"{shard.describe()}: its worker died {ATTEMPTS} times writing it (last pid "
+                               f"{worker.who['pid']} on {worker.who['host']}); complete shards are kept in "
+                               f"{self.directory}: rerun the same command to resume") from None
+            queue.appendleft(shard)
+            worker.who, worker.started = None, worker.actor.describe.remote()
+            return 0
+        except self.ray.exceptions.RayTaskError as error:  # an error of the worker's own code
+            raise JobError(f"{_one_line(error)} (pid {worker.who['pid']} on {worker.who['host']}; complete shards "
+                           f"are kept in {self.directory}: rerun the same command to resume)") from None
+        if result["fatal"]:
+            raise JobError(f"{result['error']} (complete shards are kept in {self.directory}: rerun the same command "
+                           "to resume)")
+        if result["error"]:
+            self.errors.append(result["error"])
+            return 0
+        self.completed += 1
+        return result["rows"]
 
-
-def _settings_record(settings: EmbedSettings) -> dict[str, Any]:
-    record = {name: getattr(settings, name) for name in settings.__dataclass_fields__ if name != "device"}
-    record["scalar_parameters"] = list(record["scalar_parameters"]) if record["scalar_parameters"] else None
-    return record
-
-
-def _job_record(job: JobIdentity) -> dict[str, Any]:
-    return {"model": job.model, "model_files": job.model_files, "settings": job.settings, "reading": job.reading}
-
-
-def _watch(ray: Any, execution: Any, tracker: Any, pending: list[Shard], directory: Path, shards: int,
-           stall_timeout: float, progress: bool, done_rows: int) -> None:
-    """Wait for the job's `execution` while showing its progress (the workers' reports to `tracker`) and watching for
-    a stalled worker."""
-    by_index = {s.index: s for s in pending}
-    stalls = _Stalls(stall_timeout)
-    bar = tqdm(total=done_rows + sum(s.rows for s in pending), initial=done_rows, unit=" sentences",
-               desc="embedding on Ray", file=sys.stderr, disable=not progress)
-    try:
-        while True:
-            ready, _ = ray.wait([execution], timeout=1.0)
-            reports = ray.get(tracker.snapshot.remote())
-            stalls.saw(reports)
-            bar.n = done_rows + sum(report["rows"] for report in reports.values())
-            bar.refresh()
-            if ready:
-                try:
-                    results = ray.get(execution)
-                except Exception as error:  # the job failed: Ray's report of the error raised in it
-                    raise JobError(_ray_error(error, directory)) from None
-                break
-            if (stalled := stalls.stalled()) is not None:
-                raise JobError(_stall_message(stalled, reports, by_index, directory, stall_timeout))
-    except KeyboardInterrupt:
-        complete = shards - len(pending) + sum(1 for r in ray.get(tracker.snapshot.remote()).values() if r["done"]
-                                                 and not r["error"])
-        raise JobInterrupted(f"{complete} of {shards} shards are complete in {directory} "
-                             f"({size_text(disk_size(directory))}, kept): rerun the same command to resume, or delete "
-                             "it") from None
-    finally:
-        bar.close()
-    errors = [str(result["error"]) for result in results if result["error"]]
-    if errors:
-        more = f" (and {len(errors) - 1} more shards)" if len(errors) > 1 else ""
-        raise JobError(f"{errors[0]}{more}; the other shards are complete in {directory}: fix the input and rerun the "
-                       "same command, which redoes only what is missing")
-
-
-class _Stalls:
-    """When a job stops making progress: a shard being written whose rows have not moved for `timeout` seconds (its
-    worker is named), or, once a worker has started, `timeout` seconds without a report from any. How long workers
-    take to start is Ray Data's to bound (`DataContext.wait_for_min_actors_s`)."""
-
-    def __init__(self, timeout: float):
-        self.timeout = timeout
-        self.moved: dict[int, tuple[tuple[int, bool], float]] = {}  # shard -> ((rows, done), when they last moved)
-        self.last: float | None = None  # the latest report that moved; None before the first
-
-    def saw(self, reports: dict[int, dict[str, Any]]) -> None:
+    def _poll(self) -> None:
+        """Ask the tracker for the workers' progress, every `POLL_SECONDS` once it has answered."""
         now = time.monotonic()
-        for index, report in reports.items():
-            state = (report["rows"], report["done"])
-            if self.moved.get(index, ((-1, False), 0.0))[0] != state:
-                self.moved[index] = (state, now)
-                self.last = now
+        if self.poll is None and now - self.polled >= POLL_SECONDS:
+            self.poll, self.polled = self.tracker.snapshot.remote(), now
 
-    def stalled(self) -> int | str | None:
-        """The stalled shard, `"all"` when no worker moved at all, None while progress is made."""
+    def _check_stalls(self, timeout: float, waiting: bool) -> None:
+        """End the job when a worker made no progress on its shard for `timeout` seconds, or when no worker started
+        in that time while shards wait."""
         now = time.monotonic()
-        stalled = [(when, index) for index, ((_, done), when) in self.moved.items()
-                   if not done and now - when > self.timeout]
-        if stalled:
-            return min(stalled)[1]
-        return "all" if self.last is not None and now - self.last > self.timeout else None
+        for worker in self.workers:
+            if worker.shard is not None and now - worker.moved > timeout:
+                shard = worker.shard
+                raise JobError(f"worker pid {worker.who['pid']} on {worker.who['host']} made no progress on shard "
+                               f"{shard.index} ({shard.describe()}, {worker.rows} of {shard.rows} sentences) for "
+                               f"{timeout:.0f} s (--stall-timeout); the job stopped; complete shards are kept in "
+                               f"{self.directory}: rerun the same command to resume")
+        if waiting and all(w.who is None for w in self.workers) and now - self.since > timeout:
+            resources = self.ray.cluster_resources()
+            raise JobError(f"no worker started in {timeout:.0f} s (--stall-timeout): the cluster has "
+                           f"{resources.get('CPU', 0):g} CPUs and {resources.get('GPU', 0):g} GPUs free of other work "
+                           "for them; ask for fewer or smaller workers (--workers, --cpus-per-worker, "
+                           "--gpus-per-worker)")
+
+    def stop(self) -> None:
+        """Stop every worker (on a cluster of others', none is left running)."""
+        while self.workers:
+            self.ray.kill(self.workers.pop().actor, no_restart=True)
+        if self.tracker is not None:
+            self.ray.kill(self.tracker)
+            self.tracker = None
 
 
-def _stall_message(stalled: int | str, reports: dict, by_index: dict[int, Shard], directory: Path,
-                   timeout: float) -> str:
-    kept = f"the job stopped; complete shards are kept in {directory}: rerun the same command to resume"
-    if stalled == "all":
-        return f"no worker made progress for {timeout:.0f} s (--stall-timeout): {kept}"
-    report, shard = reports[stalled], by_index[stalled]
-    return (f"worker pid {report['pid']} on {report['node']} made no progress on shard {stalled} ({shard.describe()}, "
-            f"{report['rows']} of {shard.rows} sentences) for {timeout:.0f} s (--stall-timeout); {kept}")
-
-
-def _ray_error(error: BaseException, directory: Path) -> str:
-    """Ray's report of a failed job as one line: the error raised in the worker (its last line), without Ray's
+def _one_line(error: BaseException) -> str:
+    """Ray's report of an error raised in a worker as one line: the error itself (its last line), without Ray's
     traceback."""
     cause = error
     while getattr(cause, "cause", None) is not None:
         cause = cause.cause
     lines = [line for line in str(cause).strip().splitlines() if line.strip()]
-    text = lines[-1].strip() if lines else type(cause).__name__
-    return f"{text} (complete shards are kept in {directory}: rerun the same command to resume)"
+    return lines[-1].strip() if lines else type(cause).__name__
 
 
-class _Progress:
-    """The actor workers report each shard's progress to: rows written, by which pid on which node."""
+def _progress_class() -> type:
+    """The class of the actor workers report their progress to (sentences written of the shard they write, at most
+    twice a second): shard -> (rows, pid). Made in a function so that Ray sends it by value, not by its module: the
+    actor's process imports neither torch nor this package (seconds of a core at the start of every job)."""
 
-    def __init__(self) -> None:
-        self.reports: dict[int, dict[str, Any]] = {}
+    class Progress:
+        def __init__(self) -> None:
+            self.reports: dict[int, tuple[int, int]] = {}
 
-    def report(self, index: int, rows: int, pid: int, node: str, done: bool = False, error: str = "") -> None:
-        self.reports[index] = {"rows": rows, "pid": pid, "node": node, "done": done, "error": error}
+        def report(self, index: int, rows: int, pid: int) -> None:
+            self.reports[index] = (rows, pid)
 
-    def snapshot(self) -> dict[int, dict[str, Any]]:
-        return self.reports
+        def snapshot(self) -> dict[int, tuple[int, int]]:
+            return self.reports
+
+    return Progress
 
 
 class _ShardWorker:
-    """A Ray Data worker: the model loaded once (as `ElmoBatchEmbedder` loads it, on the CPUs and GPU Ray gave this
-    process), then each batch of shards embedded and written; returns per shard its rows, or the one line of bad
-    input that stopped it (the other shards go on)."""
+    """A worker of the job (a Ray actor): the model loaded once, on the CPUs and GPU Ray gave this process
+    (`batches.worker_embedder`); each shard written in the actor's one thread (torch's threads are set in it)."""
 
-    def __init__(self, model: str, settings: dict[str, Any], directory: str, job: dict[str, Any], shards: int,
-                 progress: Any):
-        from .batches import ElmoBatchEmbedder
-
-        self.embedder = ElmoBatchEmbedder(model, **settings).embedder
-        self.directory, self.shards, self.progress = Path(directory), shards, progress
-        self.job = JobIdentity(**job)
-        self.node = socket.gethostname()
+    def __init__(self, model: str, settings: dict[str, Any], directory: str, job: dict[str, Any]):
         import ray
 
-        self.written_by = {"node": ray.get_runtime_context().get_node_id(), "host": self.node, "pid": os.getpid()}
+        from ..runtime import bound_onednn_caches
+        from .batches import worker_embedder
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        results: dict[str, list] = {"shard": [], "rows": [], "error": []}
-        for record in batch["shard"]:
-            shard = Shard(**json.loads(str(record)))
-            rows, error = 0, ""
-            try:
-                rows = write_shard(self.embedder, shard, self.shards, self.directory, self.job,
-                                   _Reporter(self.progress, shard.index, self.node), self.written_by)
-            except InputError as bad_input:
-                error = str(bad_input)
-            self.progress.report.remote(shard.index, rows, os.getpid(), self.node, True, error)
-            results["shard"].append(shard.index)
-            results["rows"].append(rows)
-            results["error"].append(error)
-        return results
+        bound_onednn_caches()
+        self.embedder = worker_embedder(model, EmbedSettings.from_dict(settings))
+        self.directory, self.job = Path(directory), JobIdentity(**job)
+        self.who = {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+                    "pid": os.getpid()}
+
+    def describe(self) -> dict[str, Any]:
+        """Who this worker is (answered once it has started)."""
+        return self.who
+
+    def write(self, record: dict[str, Any], shards: int, tracker: Any) -> dict[str, Any]:
+        """Write the shard of `record` (one of `shards`), reporting its progress to `tracker`: its rows, or the one
+        line of bad input that failed it alone, or of a fault that ends the job (`fatal`: a full disk, the device)."""
+        from ..runtime import OutOfDeviceMemoryError
+
+        shard = Shard(**record)
+        try:
+            rows = write_shard(self.embedder, shard, shards, self.directory, self.job, _Reporter(tracker, shard),
+                               self.who)
+            return {"rows": rows, "error": "", "fatal": False}
+        except (InputError, NotTextError) as bad_input:
+            return {"rows": 0, "error": str(bad_input), "fatal": False}
+        except (OSError, OutOfDeviceMemoryError) as fault:
+            return {"rows": 0, "error": str(fault), "fatal": True}
 
 
 class _Reporter:
-    """Called after each sentence a worker writes: reports the shard's rows to the progress actor (at its start,
-    then at most twice a second)."""
+    """Called after each sentence a worker writes: reports the shard's rows to the tracker, at most twice a second."""
 
-    def __init__(self, progress: Any, index: int, node: str):
-        self.progress, self.index, self.node = progress, index, node
-        import ray
-
+    def __init__(self, tracker: Any, shard: Shard):
+        self.tracker, self.index, self.pid = tracker, shard.index, os.getpid()
         self.rows, self.reported = 0, time.monotonic()
-        # Delivered before the shard's lock file is written: a worker stopped from then on is seen stalled.
-        ray.get(self.progress.report.remote(index, 0, os.getpid(), node))
 
     def __call__(self) -> None:
         self.rows += 1
-        if time.monotonic() - self.reported > 0.5:
+        if time.monotonic() - self.reported >= POLL_SECONDS:
             self.reported = time.monotonic()
-            self.progress.report.remote(self.index, self.rows, os.getpid(), self.node)
+            self.tracker.report.remote(self.index, self.rows, self.pid)

@@ -3,7 +3,8 @@
 
 - `InputFile`, `input_files`: what INPUT names (files, glob patterns, directories of them), each with its kind.
 - `read_texts`: the text of each line (or row) of an input in order, from any line on, in bounded memory.
-- `count_rows`: the lines (rows) of an input and where every n-th starts (for shards).
+- `count_rows`, `split_rows`, `read_span`: an input's rows counted, cut into `Span`s each known by a digest of what
+  it holds, and one span read back, checked against its digest (the shards of `elmo embed --ray`).
 - `Sentence`: one sentence on its way to an output: its source, line, text and words.
 - `InputError`: bad input in one line: the file, the line or row, what is wrong and what to do.
 
@@ -14,6 +15,8 @@ i of a Parquet file, its text column's value.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import json
 import os
@@ -21,6 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 from ..text import GZIP_MAGIC, NotTextError, read_lines
 
@@ -182,7 +187,14 @@ def _parquet_file(path: str, text_column: str) -> Any:
 
 
 def _parquet_texts(path: str, text_column: str, start: int) -> Iterator[str]:
-    """The texts of a Parquet file's rows from `start` on, a row group at a time (its row groups before skipped)."""
+    """The texts of a Parquet file's rows from `start` on."""
+    for index, value in _parquet_values(path, text_column, start):
+        yield _text_value(value, f"{path}: row {index}", text_column)
+
+
+def _parquet_values(path: str, text_column: str, start: int) -> Iterator[tuple[int, Any]]:
+    """Each row's index and value of the text column from row `start` on, a row group at a time (its row groups
+    before skipped)."""
     file = _parquet_file(path, text_column)
     first = 0
     for group in range(file.num_row_groups):
@@ -191,8 +203,7 @@ def _parquet_texts(path: str, text_column: str, start: int) -> Iterator[str]:
             first += rows
             continue
         values = file.read_row_group(group, columns=[text_column]).column(0).to_pylist()
-        for index, value in enumerate(values[max(start - first, 0):], max(start, first)):
-            yield _text_value(value, f"{path}: row {index}", text_column)
+        yield from enumerate(values[max(start - first, 0):], max(start, first))
         first += rows
 
 
@@ -203,25 +214,185 @@ def check_input(source: InputFile, text_column: str = "text") -> None:
         _parquet_file(source.path, text_column)
 
 
-def count_rows(source: InputFile, every: int, text_column: str = "text", encoding: str = "utf-8"
-               ) -> tuple[int, list[int] | None]:
-    """The lines (rows) of `source`, and the byte offset where lines 0, `every`, 2 `every`, ... start in a text or
-    JSON Lines file whose lines end in a `\n` byte (not gzip, nor UTF-16 or -32); None otherwise: such a file is read
-    from its start."""
-    if source.kind == "parquet":
-        return _parquet_file(source.path, text_column).metadata.num_rows, None
+# -- spans: an input's rows in runs, each known by its bytes ---------------------------------------------------------
+
+_BLOCK = 1 << 20  # bytes read at a time when an input is scanned
+
+
+@dataclass(frozen=True)
+class Span:
+    """Rows `start` to `stop` (excluded) of an input, and what they held when the input was split: `offset` to `end`,
+    their bytes in a text or JSON Lines file read as it is (None: an input read from its start, gzip, UTF-16 or
+    UTF-32 text, Parquet), and `digest`, of those bytes (else of the rows' lines or texts, `_item_digest`)."""
+
+    start: int
+    stop: int
+    offset: int | None
+    end: int | None
+    digest: str
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def _bytes_are_lines(source: InputFile, encoding: str) -> bool:
+    """Whether `source`'s lines are runs of its bytes ending in the byte `\\n`: a text or JSON Lines file, not gzip,
+    in UTF-8 or another encoding whose line end is that byte (not UTF-16 or UTF-32)."""
+    if source.kind == "parquet" or "\n".encode(encoding) != b"\n":
+        return False
     with open(source.path, "rb") as file:
-        if file.read(2) == GZIP_MAGIC or "\n".encode(encoding) != b"\n":
-            return sum(1 for _ in read_lines(source.path, encoding=encoding)), None
-        file.seek(0)
-        offsets, position, lines = [], 0, 0
-        for raw in file:  # the lines as `read_lines` splits them
-            if lines % every == 0:
-                offsets.append(position)
-            position += len(raw)
-            lines += 1
-        return lines, offsets
+        return file.read(2) != GZIP_MAGIC
 
 
-__all__ = ["InputError", "InputFile", "NotTextError", "Sentence", "check_input", "count_rows", "input_files",
-           "read_texts"]
+def count_rows(source: InputFile, text_column: str = "text", encoding: str = "utf-8") -> int:
+    """The lines (rows) of `source`, counted as `read_texts` reads them (a last line without `\\n` counts)."""
+    if source.kind == "parquet":
+        return _parquet_file(source.path, text_column).metadata.num_rows
+    if not _bytes_are_lines(source, encoding):
+        return sum(1 for _ in read_lines(source.path, encoding=encoding))
+    count, last = 0, b"\n"
+    with open(source.path, "rb") as file:
+        for block in iter(lambda: file.read(_BLOCK), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def split_rows(source: InputFile, every: int, text_column: str = "text", encoding: str = "utf-8") -> list[Span]:
+    """`source`'s rows in `Span`s of `every` rows (the last of what is left), each with the digest of what it holds;
+    the input is read once, in bounded memory."""
+    if _bytes_are_lines(source, encoding):
+        return _split_bytes(source.path, every)
+    spans: list[Span] = []
+    digest, start, rows = hashlib.sha256(), 0, 0
+    for item in _items(source, text_column, encoding):
+        if rows - start == every:
+            spans.append(Span(start, rows, None, None, digest.hexdigest()))
+            digest, start = hashlib.sha256(), rows
+        _item_digest(digest, item)
+        rows += 1
+    if rows > start:
+        spans.append(Span(start, rows, None, None, digest.hexdigest()))
+    return spans
+
+
+def _split_bytes(path: str, every: int) -> list[Span]:
+    """`split_rows` of a file whose lines are its bytes: each span's bytes hashed as they are read."""
+    spans: list[Span] = []
+    digest, start, offset, line, position, last = hashlib.sha256(), 0, 0, 0, 0, b"\n"
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(_BLOCK), b""):
+            newlines = np.flatnonzero(np.frombuffer(block, np.uint8) == ord("\n"))
+            hashed, ending = 0, start + every - line - 1  # the newline of this block that ends the span
+            while ending < len(newlines):
+                cut = int(newlines[ending]) + 1
+                digest.update(block[hashed:cut])
+                spans.append(Span(start, start + every, offset, position + cut, digest.hexdigest()))
+                digest, start, offset, hashed = hashlib.sha256(), start + every, position + cut, cut
+                ending += every
+            digest.update(block[hashed:])
+            line, position, last = line + len(newlines), position + len(block), block[-1:]
+    rows = line + (last != b"\n")
+    if rows > start:
+        spans.append(Span(start, rows, offset, position, digest.hexdigest()))
+    return spans
+
+
+def _items(source: InputFile, text_column: str, encoding: str, start: int = 0) -> Iterator[str | None]:
+    """What a span's digest covers when its bytes are not its lines: each line as decoded (gzip, UTF-16, UTF-32),
+    or each row's value of the text column (Parquet: None for a null), from row `start` on."""
+    if source.kind == "parquet":
+        yield from (value for _, value in _parquet_values(source.path, text_column, start))
+    else:
+        yield from itertools.islice(read_lines(source.path, encoding=encoding), start, None)
+
+
+def _item_digest(digest: Any, item: Any) -> None:
+    """Add one line or value to a span's digest (its length first, so that no two sequences of items hash alike)."""
+    if not isinstance(item, str):  # a null (or any value that is not text) in a Parquet column
+        digest.update(b"\xff" * 8 + repr(item).encode())
+        return
+    data = item.encode("utf-8", "surrogatepass")
+    digest.update(len(data).to_bytes(8, "little") + data)
+
+
+def read_span(source: InputFile, span: Span, text_column: str = "text", encoding: str = "utf-8") -> Iterator[str]:
+    """The text of each row of `span`, as `read_texts` gives it, checked against the span's digest: an input that
+    no longer holds what it held when split (an edited line, lines added or removed before it) is an `InputError`
+    once the span is read, never other rows taken for its own."""
+    if span.offset is None:
+        yield from _read_items(source, span, text_column, encoding)
+        return
+    with open(source.path, "rb") as file:
+        file.seek(span.offset)
+        reader = _HashedBytes(file, span.end - span.offset)
+        lines = read_lines(io.BufferedReader(reader), encoding=encoding, first_line=span.start)
+        count = 0
+        try:
+            for text in _texts(source, lines, text_column, span.start):
+                count += 1
+                yield text
+        except (InputError, NotTextError):
+            reader.drain()
+            if reader.digest.hexdigest() != span.digest:  # what failed was not what was planned
+                raise _changed(source, span) from None
+            raise
+    if count != span.rows or reader.left or reader.digest.hexdigest() != span.digest:
+        raise _changed(source, span)
+
+
+def _read_items(source: InputFile, span: Span, text_column: str, encoding: str) -> Iterator[str]:
+    """`read_span` of a span whose digest covers its items (`_items`)."""
+    digest, count = hashlib.sha256(), 0
+    items = itertools.islice(_items(source, text_column, encoding, span.start), span.rows)
+    checked = _hashed(items, digest)
+    if source.kind == "parquet":
+        texts = (_text_value(value, f"{source.path}: row {index}", text_column)
+                 for index, value in enumerate(checked, span.start))
+    else:
+        texts = _texts(source, checked, text_column, span.start)
+    for text in texts:
+        count += 1
+        yield text
+    if count != span.rows or digest.hexdigest() != span.digest:
+        raise _changed(source, span)
+
+
+def _hashed(items: Iterator[Any], digest: Any) -> Iterator[Any]:
+    for item in items:
+        _item_digest(digest, item)
+        yield item
+
+
+def _changed(source: InputFile, span: Span) -> InputError:
+    where = f"rows {span.start}-{span.stop - 1}" if source.kind == "parquet" else f"lines {span.start + 1}-{span.stop}"
+    return InputError(f"{source.path} changed while the job ran: its {where} are no longer what they were when the "
+                      "job was planned (nothing of them is kept): rerun the command to plan it again")
+
+
+class _HashedBytes(io.RawIOBase):
+    """The next `size` bytes of a binary file, hashed as they are read (`digest`); `left`: those not read yet. Named
+    as the file (for the errors of what reads it)."""
+
+    def __init__(self, file: IO[bytes], size: int):
+        self.file, self.left, self.digest, self.name = file, size, hashlib.sha256(), file.name
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.file.read(min(len(buffer), self.left))
+        buffer[: len(data)] = data
+        self.left -= len(data)
+        self.digest.update(data)
+        return len(data)
+
+    def drain(self) -> None:
+        """Read (and hash) what is left."""
+        while self.left and self.readinto(bytearray(min(self.left, _BLOCK))):
+            pass
+
+
+__all__ = ["InputError", "InputFile", "NotTextError", "Sentence", "Span", "check_input", "count_rows",
+           "input_files", "read_span", "read_texts", "split_rows"]

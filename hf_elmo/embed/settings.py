@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -41,25 +41,35 @@ class EmbedSettingError(ValueError):
         self.message = message
 
 
+# Marks the fields of `EmbedSettings` that decide the vectors themselves (not how they are batched or where they run):
+# what makes two `elmo embed --ray` runs the same job (`vector_settings`).
+_SHAPES = {"shapes_vectors": True}
+
+
 @dataclass(frozen=True)
 class EmbedSettings:
-    """How `ElmoEmbedder` embeds, checked once when made (see `ElmoEmbedder` for each field). `device` None: where
-    the model is."""
+    """How `ElmoEmbedder` embeds, checked once when made, each field in one canonical form (see `ElmoEmbedder` for
+    each): `scalar_parameters` any sequence of numbers (kept as a tuple), `device` a name or `torch.device` (None:
+    where the model is). `to_dict` / `from_dict` carry it to other processes (JSON)."""
 
-    layers: str = "all"
-    scalar_parameters: tuple[float, ...] | None = None
-    gamma: float = 1.0
+    layers: str = field(default="all", metadata=_SHAPES)
+    scalar_parameters: tuple[float, ...] | None = field(default=None, metadata=_SHAPES)
+    gamma: float = field(default=1.0, metadata=_SHAPES)
     batch_tokens: int = 4096
     buffer_tokens: int | None = None
     batch_size: int | None = None
-    max_sentence_words: int = 1000
+    max_sentence_words: int = field(default=1000, metadata=_SHAPES)
     device: torch.device | None = None
-    bf16: bool = False
-    quantize: str | None = None
-    pool: str | None = None
-    dtype: str = "float32"
+    bf16: bool = field(default=False, metadata=_SHAPES)
+    quantize: str | None = field(default=None, metadata=_SHAPES)
+    pool: str | None = field(default=None, metadata=_SHAPES)
+    dtype: str = field(default="float32", metadata=_SHAPES)
 
     def __post_init__(self) -> None:
+        if self.scalar_parameters is not None and not isinstance(self.scalar_parameters, tuple):
+            object.__setattr__(self, "scalar_parameters", tuple(self.scalar_parameters))
+        if self.device is not None and not isinstance(self.device, torch.device):
+            object.__setattr__(self, "device", self.device_of(self.device))
         if self.layers not in LAYER_MODES:
             raise EmbedSettingError("layers", f"must be one of {', '.join(LAYER_MODES)}, got {self.layers!r}")
         if self.layers != "mix" and (self.scalar_parameters is not None or self.gamma != 1.0):
@@ -75,6 +85,29 @@ class EmbedSettings:
             value = getattr(self, name)
             if value is not None and (problem := integer_problem(value, 1)):
                 raise EmbedSettingError(name, problem)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON holds it (`device` by its name); `from_dict` makes the same settings of it."""
+        record = {item.name: getattr(self, item.name) for item in fields(self)}
+        record["scalar_parameters"] = list(self.scalar_parameters) if self.scalar_parameters is not None else None
+        record["device"] = str(self.device) if self.device is not None else None
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> EmbedSettings:
+        """The settings `to_dict` gave `record` of (checked again)."""
+        return cls(**record)
+
+    def vector_settings(self) -> dict[str, Any]:
+        """The fields that decide the vectors themselves (not their batching or device), as `to_dict` gives them."""
+        record = self.to_dict()
+        return {item.name: record[item.name] for item in fields(self) if item.metadata.get("shapes_vectors")}
+
+    def layout(self, config: Any) -> VectorLayout:
+        """What these settings give per sentence with the biLM of `config` (an `ElmoConfig`)."""
+        width = config.output_dim
+        token_shape = (config.num_output_layers, width) if self.layers == "all" else (width,)
+        return VectorLayout(token_shape, self.pool is not None, self.dtype)
 
     @staticmethod
     def device_of(device: str | torch.device | None) -> torch.device | None:
