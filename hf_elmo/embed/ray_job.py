@@ -20,6 +20,7 @@ interface only (Ray accepts drivers without authentication: nothing off this mac
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import signal
@@ -124,12 +125,13 @@ def embed_on_ray(
         if shards is None or len(done) < len(shards):
             with _cluster(ray, address) as resources:
                 count = workers or _fitting_workers(resources, cpus_per_worker, gpus_per_worker)
-                # The workers load the model while the plan is made.
-                pool = _Pool(ray, count if shards is None else min(count, len(shards) - len(done)), location,
-                             settings, partial, job, cpus_per_worker, gpus_per_worker)
+                shard_size = shard_size or default_shard_size(rows, count)
+                pending = len(shards) - len(done) if shards is not None else math.ceil(rows / shard_size)
+                # No more workers than shards; they load the model while the plan is made.
+                pool = _Pool(ray, min(count, pending), location, settings, partial, job, cpus_per_worker,
+                             gpus_per_worker)
                 try:
                     if shards is None:
-                        shard_size = default_shard_size(rows, count)
                         shards = plan_shards(sources, shard_size, text_column, encoding)
                         done = _kept(partial, job, shards, shard_size)
                     pool.run([s for s in shards if s not in set(done)], len(shards), stall_timeout,
