@@ -515,3 +515,39 @@ def test_the_batch_callable_under_ray_data_writes_parquet_that_pyarrow_reads(clu
     assert sorted(by_text) == sorted(texts)
     for text, vectors in by_text.items():
         np.testing.assert_allclose(vectors, embedder.embed_sentence(text.split()), atol=1e-5, rtol=0)
+
+
+def test_a_worker_asked_while_ray_restarts_it_is_asked_again_not_taken_for_failed():
+    """After a worker dies, the question whether it has started again can meet it restarting (Ray answers
+    `ActorUnavailableError`): the driver asks again; only an error of its set-up (`ActorDiedError`) ends the job."""
+    from ray import exceptions
+
+    class Actor:
+        def __init__(self):
+            self.asked = 0
+            self.describe = self
+
+        def remote(self):
+            self.asked += 1
+            return f"describe-{self.asked}"
+
+    answers = {"describe-1": exceptions.ActorUnavailableError("restarting", b"x" * 16),
+               "describe-2": {"pid": 7, "host": "h", "node": "n"},
+               "describe-3": exceptions.ActorDiedError()}
+
+    class FakeRay:
+        def get(self, ref):
+            if isinstance(answer := answers[ref], Exception):
+                raise answer
+            return answer
+
+    FakeRay.exceptions = exceptions
+    pool = ray_job._Pool.__new__(ray_job._Pool)
+    pool.ray, actor = FakeRay(), Actor()
+    worker = ray_job._Worker(actor, actor.describe.remote())
+    pool.workers, pool.poll = [worker], None
+    assert pool._answered("describe-1", None) == 0 and worker.who is None and worker.started == "describe-2"
+    assert pool._answered("describe-2", None) == 0 and worker.who == {"pid": 7, "host": "h", "node": "n"}
+    worker.started, worker.who = actor.describe.remote(), None
+    with pytest.raises(ray_job.JobError, match="^a worker could not start: "):
+        pool._answered("describe-3", None)

@@ -56,9 +56,11 @@ from .shards import (
     write_shard,
 )
 
-# How often the driver asks a busy worker for its progress, and how many times a shard may lose its worker.
+# How often the driver asks for the workers' progress, how many times a shard may lose its worker, and how long
+# the job waits for a first worker to start (or --stall-timeout, if longer).
 POLL_SECONDS = 0.5
 ATTEMPTS = 3
+START_SECONDS = 600.0
 
 
 class JobError(RuntimeError):
@@ -375,6 +377,9 @@ class _Pool:
             worker.started = None
             try:
                 worker.who = self.ray.get(ref)
+            except self.ray.exceptions.ActorUnavailableError:  # asked while Ray restarts it: ask again
+                time.sleep(POLL_SECONDS / 5)
+                worker.started = worker.actor.describe.remote()
             except self.ray.exceptions.RayError as error:  # the worker could not start (its set-up failed)
                 raise JobError(f"a worker could not start: {_one_line(error)}") from None
             return 0
@@ -410,7 +415,7 @@ class _Pool:
 
     def _check_stalls(self, timeout: float, waiting: bool) -> None:
         """End the job when a worker made no progress on its shard for `timeout` seconds, or when no worker started
-        in that time while shards wait."""
+        in `START_SECONDS` (or `timeout`, if longer) while shards wait."""
         now = time.monotonic()
         for worker in self.workers:
             if worker.shard is not None and now - worker.moved > timeout:
@@ -419,9 +424,10 @@ class _Pool:
                                f"{shard.index} ({shard.describe()}, {worker.rows} of {shard.rows} sentences) for "
                                f"{timeout:.0f} s (--stall-timeout); the job stopped; complete shards are kept in "
                                f"{self.directory}: rerun the same command to resume")
-        if waiting and all(w.who is None for w in self.workers) and now - self.since > timeout:
+        start_timeout = max(timeout, START_SECONDS)  # a worker's imports and model load, on a busy machine
+        if waiting and all(w.who is None for w in self.workers) and now - self.since > start_timeout:
             resources = self.ray.cluster_resources()
-            raise JobError(f"no worker started in {timeout:.0f} s (--stall-timeout): the cluster has "
+            raise JobError(f"no worker started in {start_timeout:.0f} s: the cluster has "
                            f"{resources.get('CPU', 0):g} CPUs and {resources.get('GPU', 0):g} GPUs free of other work "
                            "for them; ask for fewer or smaller workers (--workers, --cpus-per-worker, "
                            "--gpus-per-worker)")
