@@ -12,8 +12,11 @@ A package of its own, apart from `hf_elmo`, so that `--help`, `--version` and us
 from __future__ import annotations
 
 import codecs
+import glob
+import importlib.util
 import json
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -22,6 +25,7 @@ from enum import Enum
 from functools import partial
 from importlib.metadata import version as installed_version
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -87,11 +91,29 @@ MODEL_HELP = ("`default` (the English model shipped with the package), a publish
               "directory or a Hub model id.")
 
 
-# `--layers`: the embedder's layer modes (`hf_elmo.embed.LAYER_MODES`; a test keeps them in step), and the model a
-# command takes when none is named (`hf_elmo.DEFAULT_MODEL_NAME`).
-LAYER_MODES = ("all", "top", "average", "mix")
-LayerMode = Enum("LayerMode", {mode: mode for mode in LAYER_MODES}, type=str)
-DEFAULT_MODEL_NAME = "default"
+def _light(relative: str) -> ModuleType:
+    """A module of `hf_elmo` that imports nothing but the standard library (`hf_elmo/embed/settings.py`, ...), read
+    without importing the package (torch and transformers: seconds), under a name of this command's own."""
+    package = importlib.util.find_spec("hf_elmo")  # found, not imported
+    name = "_elmo_cli_" + relative.replace("/", "_").removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, Path(package.submodule_search_locations[0]) / relative)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The settings (their choices and defaults, how inputs are read, a job on Ray), the output formats and the model
+# taken when none is named: the package's own (`hf_elmo/embed/settings.py`, `output_formats.py`, `hf_elmo/names.py`).
+package_settings = _light("embed/settings.py")
+package_formats = _light("embed/output_formats.py")
+DEFAULT_MODEL_NAME = _light("names.py").DEFAULT_MODEL_NAME
+LayerMode = Enum("LayerMode", {mode: mode for mode in package_settings.LAYER_MODES}, type=str)
+Pool = Enum("Pool", {pool: pool for pool in package_settings.POOLS}, type=str)
+Dtype = Enum("Dtype", {dtype: dtype for dtype in package_settings.DTYPES}, type=str)
+DEFAULT = package_settings.EmbedSettings.defaults()
+DEFAULT_DTYPE = Dtype(DEFAULT["dtype"])
+RAY_DEFAULTS = package_settings.RayOptions()
+READING_DEFAULTS = package_settings.Reading()
 
 
 def _print_version(value: bool) -> None:
@@ -123,7 +145,7 @@ def _names_a_model(argument: str) -> bool:
     name with an output's suffix is not one, and takes no import to tell."""
     if (Path(argument) / "config.json").is_file():
         return True
-    if Path(argument).suffix.lower() in (".npy", ".hdf5", ".h5", ".parquet", ".pq"):
+    if Path(argument).suffix.lower() in package_formats.output_suffixes():
         return False
     from hf_elmo import MODEL_NAMES
 
@@ -284,19 +306,13 @@ def _parse_weights(weights: str) -> tuple[float, ...]:
         raise typer.BadParameter(f"expected comma-separated numbers, got {weights!r}", param_hint="--weights") from None
 
 
-# The flags of `elmo embed` that set each of `EmbedSettings`' fields, and of its output.
-EMBED_FLAGS = {
-    "layers": "--layers", "scalar_parameters": "--weights", "gamma": "--gamma", "batch_tokens": "--batch-tokens",
-    "buffer_tokens": "--buffer-tokens", "batch_size": "--batch-size", "max_sentence_words": "--max-sentence-words",
-    "device": "--device", "cuda_device": "--cuda-device", "bf16": "--bf16", "quantize": "--int8", "output": "OUTPUT",
-    "sentence_keys": "--use-sentence-keys", "pool": "--pool", "dtype": "--dtype", "workers": "--workers",
-    "cpus_per_worker": "--cpus-per-worker", "gpus_per_worker": "--gpus-per-worker", "shard_size": "--shard-size",
-    "stall_timeout": "--stall-timeout", "address": "--ray-address",
-}
-# `--pool` and `--dtype`: the embedder's (`hf_elmo.embed.POOLS`, `DTYPES`; a test keeps them in step).
-Pool = Enum("Pool", {"mean": "mean", "max": "max"}, type=str)
-Dtype = Enum("Dtype", {"float32": "float32", "float16": "float16"}, type=str)
-GLOB_CHARACTERS = ("*", "?", "[")
+# The flags whose names are not their setting's (`EmbedSettingError.setting`); any other setting's flag is its name.
+FLAG_OF = {"scalar_parameters": "--weights", "quantize": "--int8", "output": "OUTPUT", "inputs": "INPUT",
+           "sentence_keys": "--use-sentence-keys", "address": "--ray-address"}
+
+
+def _flag(setting: str) -> str:
+    return FLAG_OF.get(setting, "--" + setting.replace("_", "-"))
 
 
 @contextmanager
@@ -307,7 +323,7 @@ def _setting_errors() -> Iterator[None]:
     try:
         yield
     except EmbedSettingError as error:
-        raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
+        raise typer.BadParameter(error.message, param_hint=_flag(error.setting)) from None
     except ImportError as error:
         _fail(str(error))
 
@@ -327,17 +343,6 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextmanager
-def _interruptible(interrupted: Callable[[], str]) -> Iterator[None]:
-    """SIGINT or SIGTERM as one line, `interrupted()`, exit status 130."""
-    try:
-        with _terminate_as_interrupt():
-            yield
-    except KeyboardInterrupt:
-        typer.echo(f"Interrupted: {interrupted()}", err=True)
-        raise typer.Exit(130) from None
-
-
 def _split_embed_arguments(arguments: list[str], original_weights: bool, ray: bool) -> tuple[str, list[str], Path]:
     """`[MODEL] INPUT... OUTPUT` → the model, the inputs and the output. With three arguments the first is the model
     (as before several inputs were read); with more, the first is the model when it names one, or is no file,
@@ -351,13 +356,14 @@ def _split_embed_arguments(arguments: list[str], original_weights: bool, ray: bo
     first = rest[0]
     names_model = not original_weights and len(rest) > 1 and (
         len(rest) == 2 or _names_a_model(first)
-        or not (Path(first).exists() or first == "-" or any(c in first for c in GLOB_CHARACTERS)))
+        or not (Path(first).exists() or first == "-" or glob.has_magic(first)))
     model = first if names_model else DEFAULT_MODEL_NAME
     return model, rest[1:] if names_model else rest, Path(output)
 
 
 @app.command(cls=ElmoCommand)
 def embed(
+    ctx: typer.Context,
     arguments: Annotated[list[str], typer.Argument(
         metavar="[MODEL] INPUT... OUTPUT",
         help=f"MODEL: {MODEL_HELP} [default: `default`, or the original weights of --options-file/--weight-file]. "
@@ -391,17 +397,17 @@ def embed(
         str | None,
         typer.Option(help="With `--layers mix`: comma-separated scalar parameters s, one per layer (softmaxed)."),
     ] = None,
-    gamma: Annotated[float, typer.Option(help="With `--layers mix`: the scale gamma.")] = 1.0,
+    gamma: Annotated[float, typer.Option(help="With `--layers mix`: the scale gamma.")] = DEFAULT["gamma"],
     pool: Annotated[
         Pool | None,
         typer.Option(help="One vector per sentence, the `mean` or `max` over its words of the --layers chosen (as "
                      "the spaCy component's Doc.vector, a mean) [default: a vector per word]."),
     ] = None,
     dtype: Annotated[Dtype, typer.Option(help="The vectors' type in OUTPUT: float16 halves its size.")] = (
-        Dtype.float32),
+        DEFAULT_DTYPE),
     batch_tokens: Annotated[
         int, typer.Option(min=1, help="Padded positions per forward pass (sentence boundaries included).")
-    ] = 4096,
+    ] = DEFAULT["batch_tokens"],
     buffer_tokens: Annotated[
         int | None, typer.Option(min=1, help="Positions read ahead and sorted by length [default: 4 x batch-tokens].")
     ] = None,
@@ -411,7 +417,7 @@ def embed(
     max_sentence_words: Annotated[
         int, typer.Option(min=1, help="Longer lines run as windows of this many words, each from the zero state "
                           "(bounded memory; AllenNLP runs them whole).")
-    ] = 1000,
+    ] = DEFAULT["max_sentence_words"],
     forget_sentences: Annotated[
         bool, typer.Option("--forget-sentences", help="hdf5: leave out `sentence_to_index` (flat memory).")
     ] = False,
@@ -420,7 +426,7 @@ def embed(
     ] = False,
     text_column: Annotated[
         str, typer.Option(help="The field (JSON Lines) or column (Parquet) of INPUT that holds the text.")
-    ] = "text",
+    ] = READING_DEFAULTS.text_column,
     device: Annotated[str | None, typer.Option(help="`cpu`, `cuda`, `cuda:1`, ... [default: cpu]")] = None,
     cuda_device: Annotated[
         int | None, typer.Option(help="`allennlp elmo`'s device: -1 for the CPU, n for cuda:n.")
@@ -439,10 +445,10 @@ def embed(
                            "latency of one sentence): for x86 CPUs with AVX2; elsewhere float32, with a warning.")
     ] = False,
     encoding: Annotated[str, typer.Option(help="INPUT's encoding, e.g. `utf-16` (with its byte-order mark), "
-                                          "`latin-1`, `cp1252` (Python's codec names).")] = "utf-8",
-    ray: Annotated[bool, typer.Option("--ray", help="Run on a Ray cluster: a local one started for the job "
-                                      "(on loopback only), or --ray-address's. OUTPUT is a directory of Parquet shards; a rerun "
-                                      "of the same command resumes.")] = False,
+                                          "`latin-1`, `cp1252` (Python's codec names).")] = READING_DEFAULTS.encoding,
+    ray: Annotated[bool, typer.Option("--ray", help="Run on a Ray cluster: a local one started for the job (on "
+                                      "loopback only), or --ray-address's. OUTPUT is a directory of Parquet shards; "
+                                      "a rerun of the same command resumes.")] = False,
     ray_address: Annotated[
         str | None, typer.Option(help="With --ray: an existing cluster (`auto`, `ray://host:10001`, `host:6379`) "
                                  "[default: a local cluster for the job, on loopback only].")
@@ -453,10 +459,10 @@ def embed(
     ] = None,
     cpus_per_worker: Annotated[
         float, typer.Option(min=0.01, help="With --ray: CPUs (torch threads) per worker.")
-    ] = 1.0,
+    ] = RAY_DEFAULTS.cpus_per_worker,
     gpus_per_worker: Annotated[
         float, typer.Option(min=0, help="With --ray: GPUs per worker (1: each worker runs on a GPU).")
-    ] = 0.0,
+    ] = RAY_DEFAULTS.gpus_per_worker,
     shard_size: Annotated[
         int | None, typer.Option(min=1, help="With --ray: sentences per shard, the unit of work, retry and resume "
                                  "[default: 4 shards per worker or more, at most 10,000 sentences each; a rerun "
@@ -465,7 +471,7 @@ def embed(
     stall_timeout: Annotated[
         float, typer.Option(min=1, help="With --ray: seconds without progress after which a worker is taken as "
                             "stalled and the job ends (naming it; its complete shards kept).")
-    ] = 600.0,
+    ] = RAY_DEFAULTS.stall_timeout,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary.")] = False,
 ) -> None:
     """Embed every line of INPUT as one sentence and write the word vectors (`<S>`/`</S>` removed) to OUTPUT.
@@ -533,158 +539,110 @@ def embed(
     authentication unless you turn on Ray's (`RAY_AUTH_MODE=token`). OUTPUT (and MODEL, if a directory) must be on a
     filesystem every node sees.
     """
-    original_weights = options_file is not None or weight_file is not None
-    model, inputs, output_file = _split_embed_arguments(arguments, original_weights, ray)
-    missing = any(name != "-" and not any(c in name for c in GLOB_CHARACTERS) and not Path(name).exists()
-                  for name in inputs)
+    original = (options_file, weight_file) if options_file is not None or weight_file is not None else None
+    model, inputs, output_file = _split_embed_arguments(arguments, original is not None, ray)
+    _check_embed_arguments(arguments, inputs, output_file, ray, encoding)
+    layer_mode = _check_embed_flags(ctx.params)
+    if ray:  # this process is the job's driver: no Ray call may start a cluster once the job's has stopped
+        os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    _hf_elmo()
+    from hf_elmo.allennlp import cuda_device_to_device
+    from hf_elmo.embed import EmbedSettings, embed_corpus
+
+    with _embed_errors():
+        # Every setting whose flag has its name; the others from their flags (AllenNLP's spellings included).
+        named = {name: getattr(value, "value", value) for name, value in ctx.params.items()
+                 if name in EmbedSettings.__dataclass_fields__ and name not in ("layers", "device")}
+        settings = EmbedSettings(
+            **named, layers=layer_mode, quantize="int8" if int8 else None,
+            scalar_parameters=_parse_weights(weights) if weights is not None else None,
+            device=cuda_device_to_device(cuda_device) if cuda_device is not None else device,
+        )
+        reading = package_settings.Reading(original is not None if tokenized is None else tokenized, encoding,
+                                           text_column)
+        ray_options = package_settings.RayOptions(ray_address, workers, cpus_per_worker, gpus_per_worker,
+                                                  shard_size, stall_timeout) if ray else None
+        summary = embed_corpus(model, inputs, output_file, settings, reading, ray=ray_options, threads=threads,
+                               sentence_index=not forget_sentences, sentence_keys=use_sentence_keys,
+                               original=original, progress=not quiet)
+    if not quiet:
+        typer.echo(summary, err=True)
+
+
+def _check_embed_arguments(arguments: list[str], inputs: list[str], output: Path, ray: bool, encoding: str) -> None:
+    """The usage errors of INPUT, OUTPUT and --encoding, before anything heavy is imported."""
+    missing = any(name != "-" and not glob.has_magic(name) and not Path(name).exists() for name in inputs)
     if (len(arguments) == 2 or missing) and _names_a_model(arguments[-1]):
         usage = f"elmo embed {arguments[-1]} {' '.join(arguments[:-1])}" + (" OUTPUT" if len(arguments) == 2 else "")
         raise typer.BadParameter(f"{arguments[-1]} is a model, which comes first: {usage}",
                                  param_hint="[MODEL] INPUT... OUTPUT")
     for name in inputs:
-        if name != "-" and not any(c in name for c in GLOB_CHARACTERS) and not Path(name).exists():
+        if name != "-" and not glob.has_magic(name) and not Path(name).exists():
             raise typer.BadParameter(f"{name} does not exist", param_hint="INPUT")
-        if Path(name).is_dir() and not ray and output_file.suffix.lower() not in (".parquet", ".pq"):
+        if Path(name).is_dir() and not ray and not package_formats.output_format(output).several_inputs:
             raise typer.BadParameter(f"{name} is a directory: its files go into a Parquet OUTPUT (`.parquet`) or "
                                      "--ray", param_hint="INPUT")
     if "-" in inputs and (ray or len(inputs) > 1):
         raise typer.BadParameter("stdin (`-`) is read alone, in one process: give files", param_hint="INPUT")
-    several = len(inputs) > 1 or any(Path(name).is_dir() or any(c in name for c in GLOB_CHARACTERS)
-                                     for name in inputs)
-    if not output_file.parent.is_dir():
-        _fail(f"output directory {output_file.parent} does not exist")
-    if output_file.is_dir() and not ray:
-        _fail(f"{output_file} is a directory")
-    if ray and output_file.exists() and not output_file.is_dir():
-        _fail(f"{output_file} is a file: --ray writes a directory of Parquet shards; name a directory")
+    if not output.parent.is_dir():
+        _fail(f"output directory {output.parent} does not exist")
+    if output.is_dir() and not ray:
+        _fail(f"{output} is a directory")
+    if ray and output.exists() and not output.is_dir():
+        _fail(f"{output} is a file: --ray writes a directory of Parquet shards; name a directory")
     try:
         codecs.lookup(encoding)
     except LookupError:
         raise typer.BadParameter(f"unknown encoding {encoding!r} (Python's codec names: utf-16, latin-1, cp1252, ...)",
                                  param_hint="--encoding") from None
-    chosen = {mode for mode, flag in (("all", all_layers), ("top", top_layer), ("average", average_layers))
-              if flag} | ({layers.value} if layers else set())
+
+
+def _check_embed_flags(flags: dict[str, Any]) -> str:
+    """The usage errors of flags given together that do not go together; the layer mode they choose."""
+    chosen = {mode for mode, flag in (("all", "all_layers"), ("top", "top_layer"), ("average", "average_layers"))
+              if flags[flag]} | ({flags["layers"].value} if flags["layers"] else set())
     if len(chosen) > 1:
         raise typer.BadParameter("choose one of them", param_hint="--layers/--all/--top/--average")
-    if (options_file is None) != (weight_file is None):
+    original = flags["options_file"] is not None or flags["weight_file"] is not None
+    if (flags["options_file"] is None) != (flags["weight_file"] is None):
         raise typer.BadParameter("give both (the original ELMo weights: options.json and the .hdf5 weights), or "
                                  "neither", param_hint="--options-file/--weight-file")
-    if device is not None and cuda_device is not None:
+    if flags["device"] is not None and flags["cuda_device"] is not None:
         raise typer.BadParameter("give one of them, not both", param_hint="--device/--cuda-device")
-    if ray and (device is not None or cuda_device is not None or original_weights or threads is not None):
+    if flags["ray"] and (flags["device"] is not None or flags["cuda_device"] is not None or original
+                         or flags["threads"] is not None):
         raise typer.BadParameter("with --ray, workers run where --gpus-per-worker and --cpus-per-worker say, on a "
                                  "MODEL (convert original weights with `elmo convert`)",
                                  param_hint="--device/--cuda-device/--threads/--options-file")
-    ray_only = {"--ray-address": ray_address is not None, "--workers": workers is not None,
-                "--cpus-per-worker": cpus_per_worker != 1.0, "--gpus-per-worker": gpus_per_worker != 0.0,
-                "--shard-size": shard_size is not None, "--stall-timeout": stall_timeout != 600.0}
-    if not ray and any(ray_only.values()):
-        raise typer.BadParameter("applies to --ray only", param_hint=next(flag for flag, set_ in ray_only.items()
-                                                                          if set_))
-    _hf_elmo()
-    import torch
-
-    from hf_elmo import original_format
-    from hf_elmo.allennlp import cuda_device_to_device
-    from hf_elmo.embed import ElmoEmbedder, EmbedSettingError, EmbedSettings, check_output, embed_file
-    from hf_elmo.embed.outputs import OutputLock, check_not_input
-    from hf_elmo.embed.writers import output_files
-    from hf_elmo.loading import ModelLoadError, load_model_and_tokenizer, load_original
-    from hf_elmo.runtime import OutOfDeviceMemoryError, bound_onednn_caches, set_threads
-
-    with _setting_errors():
-        if not ray:
-            check_output(output_file, use_sentence_keys)
-        if original_weights:
-            original_format.require_h5py("--options-file/--weight-file")
-        # AllenNLP's flags in this package's terms (`hf_elmo.allennlp`): the layers above, the device here.
-        chosen_device = cuda_device_to_device(cuda_device) if cuda_device is not None else EmbedSettings.device_of(
-            device)
-        settings = EmbedSettings(
-            layers=chosen.pop() if chosen else "all",
-            scalar_parameters=_parse_weights(weights) if weights is not None else None,
-            gamma=gamma,
-            batch_tokens=batch_tokens,
-            buffer_tokens=buffer_tokens,
-            batch_size=batch_size,
-            max_sentence_words=max_sentence_words,
-            device=chosen_device or (None if ray else torch.device("cpu")),
-            bf16=bf16,
-            quantize="int8" if int8 else None,
-            pool=pool.value if pool else None,
-            dtype=dtype.value,
-        )
-    options = dict(tokenized=original_weights if tokenized is None else tokenized, encoding=encoding,
-                   text_column=text_column)
-    if ray:
-        _embed_on_ray(model, inputs, output_file, settings, options, quiet, address=ray_address, workers=workers,
-                      cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, shard_size=shard_size,
-                      stall_timeout=stall_timeout)
-        return
-    try:
-        # Before the model loads, at once: an output that is an input, or that another run is writing, is refused
-        # (the writer checks both again, holding the lock from its first byte to its last).
-        check_not_input(output_files(output_file), [n for n in inputs if n != "-"] or [_stdin()])
-        OutputLock(output_file).acquire().release()
-    except OSError as error:
-        _fail(str(error))
-    set_threads(threads)
-    bound_onednn_caches()
-    try:
-        if original_weights:
-            loaded, tokenizer = load_original(options_file, weight_file), None
-        else:
-            loaded, tokenizer = load_model_and_tokenizer(model)  # the name resolved once
-        settings.check_model(loaded.config)
-        embedder = ElmoEmbedder(loaded, tokenizer, settings=settings)
-    except EmbedSettingError as error:
-        raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
-    except (ModelLoadError, ValueError, ImportError) as error:  # OriginalFormatError, h5py missing
-        _fail(str(error))
-    metadata = {"model": model if not original_weights else str(weight_file), "layers": settings.layers,
-                "pool": settings.pool}
-    with _interruptible(lambda: f"nothing was written to {output_file} (its partial file is removed)"):
-        try:
-            count = embed_file(embedder, inputs if several else inputs[0], output_file,
-                               progress=not quiet, sentence_index=not forget_sentences,
-                               sentence_keys=use_sentence_keys, metadata=metadata, **options)
-        except (OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
-            _fail(str(error))
-    if not quiet:
-        typer.echo(f"{count} sentences written to {output_file}", err=True)
+    ray_only = ("address", "workers", "cpus_per_worker", "gpus_per_worker", "shard_size", "stall_timeout")
+    if not flags["ray"]:
+        given = [name for name in ray_only
+                 if flags["ray_" + name if name == "address" else name] != getattr(RAY_DEFAULTS, name)]
+        if given:
+            raise typer.BadParameter("applies to --ray only", param_hint=_flag(given[0]))
+    return chosen.pop() if chosen else "all"
 
 
-def _stdin() -> Any:
-    import sys
-
-    return sys.stdin
-
-
-def _embed_on_ray(model: str, inputs: list[str], output: Path, settings: Any, options: dict, quiet: bool,
-                  **cluster: Any) -> None:
-    """`elmo embed --ray`: `hf_elmo.embed.ray_job.embed_on_ray`, its failures and its interruption in one line."""
-    # This process is the job's driver: no Ray call in it may start a cluster of its own once the job's has stopped,
-    # and it sends no usage statistics.
-    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+@contextmanager
+def _embed_errors() -> Iterator[None]:
+    """`elmo embed`'s failures in one line: a bad setting as a usage error naming its flag (exit 2), others
+    `Error: ...` (exit 1), SIGINT and SIGTERM `Interrupted: ...` (what is left; exit 130)."""
     from hf_elmo.embed import EmbedSettingError
-    from hf_elmo.embed.ray_job import JobError, JobInterrupted, embed_on_ray
-    from hf_elmo.embed.reading import InputError
-    from hf_elmo.loading import ModelLoadError
+    from hf_elmo.embed.outputs import EmbedInterrupted
+    from hf_elmo.embed.ray_job import JobError
     from hf_elmo.runtime import OutOfDeviceMemoryError
 
     try:
         with _terminate_as_interrupt():
-            summary = embed_on_ray(model, inputs, output, settings, progress=not quiet, **options, **cluster)
+            yield
     except EmbedSettingError as error:
-        raise typer.BadParameter(error.message, param_hint=EMBED_FLAGS[error.setting]) from None
-    except JobInterrupted as interrupted:
+        raise typer.BadParameter(error.message, param_hint=_flag(error.setting)) from None
+    except EmbedInterrupted as interrupted:
         typer.echo(f"Interrupted: {interrupted}", err=True)
         raise typer.Exit(130) from None
-    except (JobError, ModelLoadError, InputError, OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
+    except (JobError, OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
         _fail(str(error))
-    if not quiet:
-        typer.echo(summary, err=True)
 
 
 @app.command(cls=ElmoCommand)

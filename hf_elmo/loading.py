@@ -35,6 +35,7 @@ from . import efml_format, original_format
 from .configuration_elmo import ElmoConfig
 from .formats import FormatError, Sources, WeightFormat
 from .modeling_elmo import ElmoModel
+from .names import DEFAULT_MODEL_NAME
 from .published import (
     ALLENNLP_MODELS,
     PUBLISHED_MODELS,
@@ -45,9 +46,9 @@ from .published import (
 )
 from .tokenization_elmo import ElmoCharTokenizer
 
-# The English biLM shipped inside the package (see its README.md), a save_pretrained directory, and its name.
+# The English biLM shipped inside the package (see its README.md), a save_pretrained directory; its name is in
+# `names.py`.
 DEFAULT_MODEL = str(Path(__file__).parent / "default_model")
-DEFAULT_MODEL_NAME = "default"
 MODEL_NAMES = (DEFAULT_MODEL_NAME, *PUBLISHED_MODELS)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # The text files of a model directory, read as UTF-8 (JSON for .json) before transformers reads them.

@@ -62,16 +62,32 @@ def test_help_version_and_usage_errors_answer_without_loading_torch_or_transform
 
 
 def test_the_command_line_knows_the_packages_names_and_the_spacy_plugins_commands():
-    """What `elmo` holds itself so as not to import the packages: kept in step with them."""
+    """What `elmo` knows of the package it reads from the package's own files (no copy), without importing it; the
+    spaCy plugin's commands it holds itself, kept in step with them."""
     import typer.main
 
+    import hf_elmo.embed.output_formats
+    import hf_elmo.embed.settings
     from elmo_cli import app as elmo
-    from elmo_cli.app import DEFAULT_MODEL_NAME, LAYER_MODES, SPACY_COMMANDS
+    from elmo_cli.app import (
+        DEFAULT,
+        DEFAULT_MODEL_NAME,
+        SPACY_COMMANDS,
+        Dtype,
+        LayerMode,
+        Pool,
+        package_formats,
+        package_settings,
+    )
     from hf_elmo import DEFAULT_MODEL_NAME as default_model
-    from hf_elmo.embed import LAYER_MODES as layer_modes
+    from hf_elmo.embed import DTYPES, LAYER_MODES, OUTPUT_FORMATS, POOLS, EmbedSettings
     from spacy_elmo.cli import app as spacy_app
 
-    assert (DEFAULT_MODEL_NAME, LAYER_MODES) == (default_model, tuple(layer_modes))
+    assert package_settings.__file__ == hf_elmo.embed.settings.__file__
+    assert package_formats.__file__ == hf_elmo.embed.output_formats.__file__
+    assert DEFAULT_MODEL_NAME == default_model and DEFAULT == EmbedSettings.defaults()
+    assert [m.value for m in LayerMode] == list(LAYER_MODES) and [m.value for m in Pool] == list(POOLS)
+    assert [m.value for m in Dtype] == list(DTYPES) and list(package_formats.OUTPUT_FORMATS) == list(OUTPUT_FORMATS)
     spacy_commands = typer.main.get_command(spacy_app).commands
     assert set(SPACY_COMMANDS) == set(spacy_commands)
     for name, summary in SPACY_COMMANDS.items():

@@ -41,6 +41,10 @@ class OutputBusyError(OutputError):
     """Another run is writing the same output."""
 
 
+class EmbedInterrupted(Exception):
+    """A run stopped by SIGINT (or SIGTERM as `elmo embed` takes it), in one line: what it left, what to do."""
+
+
 class LeftoverWarning(UserWarning):
     """Files that interrupted runs left beside an output: named once, when a run starts there."""
 

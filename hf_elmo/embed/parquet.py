@@ -1,6 +1,7 @@
 """Embeddings as Parquet, one row per sentence, in plain Arrow types that Parquet readers read without this package
 or Ray (tested: pyarrow, pandas, polars, DuckDB, and Spark but for float16, Parquet's FLOAT16 having no Spark type):
-what `elmo embed ... out.parquet` writes, and each shard of `elmo embed --ray`.
+what `elmo embed ... out.parquet` writes (`ParquetWriter`: the `parquet` entry of `output_formats.OUTPUT_FORMATS`), and
+each shard of `elmo embed --ray`.
 
 Columns:
 - `source` (string): the input file, as named or as found in a directory or glob (`-`: stdin);
@@ -21,14 +22,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..extras import require
+from .outputs import partial_path, write_error
+from .reading import InputError, Sentence
 from .settings import VectorLayout
+from .writers import EmbeddingWriter, close_and_remove
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"elmo"
@@ -138,3 +142,81 @@ def metadata_of(path: str | os.PathLike) -> dict[str, Any] | None:
         return json.loads(metadata[METADATA_KEY]) if METADATA_KEY in metadata else None
     except ValueError:
         return None
+
+
+class ParquetWriter(EmbeddingWriter):
+    """A row per sentence in the layout of `parquet.py` (its source, line, text, words and vectors), streamed in row
+    groups of at most `row_group_bytes` of vectors (and `row_group_rows` rows). `metadata`: what the file's `elmo`
+    metadata records besides the layout (the model, a shard's place in its job). A sentence whose text is not valid
+    UTF-8 (undecodable input bytes), which Parquet cannot hold as text, is an `InputError` naming it."""
+
+    def __init__(self, path: str | Path, layout: VectorLayout, metadata: dict[str, Any] | None = None,
+                 row_group_bytes: int = 64 << 20, row_group_rows: int = 4096):
+        pa = _pa()
+        import pyarrow.parquet as pq
+
+        super().__init__(path, [Path(path)])
+        self.layout = layout
+        self.row_group_bytes, self.row_group_rows = row_group_bytes, row_group_rows
+        self._pa, self._vectors_array = pa, vectors_array
+        layout_metadata = {"num_layers": layout.token_shape[0] if len(layout.token_shape) == 2 else None,
+                           "width": layout.token_shape[-1], "pooled": layout.pooled, "dtype": layout.dtype}
+        self.schema = schema(layout, {**layout_metadata, **(metadata or {})})
+        self._rows: list[tuple[Sentence, np.ndarray]] = []
+        self._buffered = 0
+        self._writer = None
+        try:
+            self._writer = pq.ParquetWriter(partial_path(self.path), self.schema, compression="zstd")
+        except BaseException:
+            self.discard()
+            raise
+
+    def add_parts(self, sentence: Sentence, parts: Iterable[np.ndarray]) -> None:
+        parts = list(parts)
+        vectors = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
+        for what in (sentence.text, *sentence.words):
+            try:
+                what.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise InputError(
+                    f"{sentence.source}: line {sentence.line + 1} holds bytes that are not UTF-8 (byte "
+                    f"{what[error.start].encode('utf-8', 'surrogateescape')[0]:#04x}), which a Parquet output cannot "
+                    "hold as text: convert the input to UTF-8, name its encoding (--encoding), or write HDF5 or .npy"
+                ) from None
+        self._rows.append((sentence, vectors))
+        self._buffered += vectors.nbytes
+        self.count += 1
+        if self._buffered >= self.row_group_bytes or len(self._rows) >= self.row_group_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        pa = self._pa
+        sentences = [sentence for sentence, _ in self._rows]
+        columns = {
+            "source": pa.array([s.source for s in sentences], pa.string()),
+            "line": pa.array([s.line for s in sentences], pa.int64()),
+            "text": pa.array([s.text for s in sentences], pa.string()),
+            "words": pa.array([list(s.words) for s in sentences], pa.list_(pa.string())),
+            "vectors": self._vectors_array([vectors for _, vectors in self._rows], self.layout),
+        }
+        batch = pa.RecordBatch.from_pydict(columns, schema=self.schema)
+        try:
+            self._writer.write_batch(batch)
+        except OSError as error:
+            partial = partial_path(self.path)
+            raise write_error(error, self.path, partial.stat().st_size if partial.exists() else 0,
+                              self._buffered) from None
+        self._rows, self._buffered = [], 0
+
+    def _close(self) -> None:
+        self._flush()
+        try:
+            self._writer.close()
+        except OSError as error:
+            raise write_error(error, self.path, partial_path(self.path).stat().st_size) from None
+        os.replace(partial_path(self.path), self.path)
+
+    def _discard(self) -> None:
+        close_and_remove(self._writer, partial_path(self.path))

@@ -39,9 +39,9 @@ from tqdm import tqdm
 
 from ..extras import require
 from ..loading import load_config, resolve_model
-from .outputs import OutputLock, check_not_input, disk_size, partial_path, size_text
+from .outputs import EmbedInterrupted, OutputLock, check_not_input, disk_size, partial_path, size_text
 from .reading import InputError, InputFile, NotTextError, check_input, count_rows, input_files
-from .settings import EmbedSettings
+from .settings import EmbedSettings, RayOptions, Reading
 from .shards import (
     EMPTY_FILE,
     MANIFEST,
@@ -67,7 +67,7 @@ class JobError(RuntimeError):
     """A job that could not finish, in one line: what went wrong, what was kept, what to do."""
 
 
-class JobInterrupted(JobError):
+class JobInterrupted(JobError, EmbedInterrupted):
     """The driver was interrupted (SIGINT, SIGTERM); what was kept."""
 
 
@@ -76,29 +76,21 @@ def embed_on_ray(
     inputs: Sequence[str | os.PathLike],
     output: str | os.PathLike,
     settings: EmbedSettings,
-    *,
-    tokenized: bool = False,
-    encoding: str = "utf-8",
-    text_column: str = "text",
-    address: str | None = None,
-    workers: int | None = None,
-    cpus_per_worker: float = 1.0,
-    gpus_per_worker: float = 0.0,
-    shard_size: int | None = None,
-    stall_timeout: float = 600.0,
+    reading: Reading = Reading(),
+    options: RayOptions = RayOptions(),
     progress: bool = True,
 ) -> str:
-    """Embed every line (row) of `inputs` (files, globs, directories: text, gzip, JSON Lines, Parquet) into the
-    directory `output`, Parquet shards in input order (`parquet.py`'s layout), on the Ray cluster at `address` (None:
-    a local one of the job's own, on loopback only, stopped after it). Returns the summary line.
+    """Embed every line (row) of `inputs` (files, globs, directories: text, gzip, JSON Lines, Parquet; read as
+    `reading` says) into the directory `output`, Parquet shards in input order (`parquet.py`'s layout), on the Ray
+    cluster `options` names (`settings.RayOptions`; without an address, a local one of the job's own, on loopback
+    only, stopped after it). Returns the summary line.
 
-    `workers` model replicas run (default: as many as the cluster's CPUs or GPUs hold), each with `cpus_per_worker`
-    CPUs (its torch threads) and `gpus_per_worker` GPUs; a shard holds `shard_size` lines (default: enough shards
-    that no worker idles long at the end, `shards.default_shard_size`; a rerun keeps the first run's). A rerun of the
-    same job resumes: complete shards whose lines the inputs still hold are kept, the rest redone; a complete OUTPUT
-    is left as it is when the inputs still hold what it was made from, else its changed shards are redone. Fails in
-    one line (`JobError`, `InputError`, `ModelLoadError`), keeping every complete shard; `JobInterrupted` on SIGINT
-    (and SIGTERM where its handler raises `KeyboardInterrupt`, as `elmo embed`'s does)."""
+    A shard holds `options.shard_size` lines (default: enough shards that no worker idles long at the end,
+    `shards.default_shard_size`; a rerun keeps the first run's). A rerun of the same job resumes: complete shards
+    whose lines the inputs still hold are kept, the rest redone; a complete OUTPUT is left as it is when the inputs
+    still hold what it was made from, else its changed shards are redone. Fails in one line (`JobError`,
+    `InputError`, `ModelLoadError`), keeping every complete shard; `JobInterrupted` on SIGINT (and SIGTERM where its
+    handler raises `KeyboardInterrupt`, as `elmo embed`'s does)."""
     ray = require("ray", "--ray needs")
     require("pyarrow", "--ray needs")
     output = Path(output)
@@ -106,17 +98,19 @@ def embed_on_ray(
     with OutputLock(output, [partial]):
         sources = input_files(inputs)
         for source in sources:
-            check_input(source, text_column)
+            check_input(source, reading.text_column)
         check_not_input([output, partial], [source.path for source in sources])
         location = resolve_model(model)  # the model, found (downloaded or converted) and checked once
-        job = JobIdentity.of(str(model), location, settings, tokenized, encoding, text_column)
+        job = JobIdentity.of(str(model), location, settings, reading)
         earlier = _earlier_run(output, partial, job)
+        shard_size = options.shard_size
         if earlier is not None and (output.exists() or not shard_size):
             shard_size = earlier.get("shard_size")  # the earlier run's plan (a complete OUTPUT's, always)
-        rows = None if shard_size else sum(count_rows(source, text_column, encoding) for source in sources)
+        rows = None if shard_size else sum(count_rows(source, reading.text_column, reading.encoding)
+                                           for source in sources)
         if rows == 0:
             shard_size = default_shard_size(0, 1)
-        shards = plan_shards(sources, shard_size, text_column, encoding) if shard_size else None
+        shards = plan_shards(sources, shard_size, reading) if shard_size else None
         if shards is not None and output.exists():
             if _holds(output, job, shards):
                 return f"{output} is complete already ({len(shards)} shards of this job): nothing to do"
@@ -125,29 +119,39 @@ def embed_on_ray(
         done = _kept(partial, job, shards, shard_size) if shards is not None else []
         started = time.time()
         if shards is None or len(done) < len(shards):
-            with _cluster(ray, address) as resources:
-                count = workers or _fitting_workers(resources, cpus_per_worker, gpus_per_worker)
-                shard_size = shard_size or default_shard_size(rows, count)
-                pending = len(shards) - len(done) if shards is not None else math.ceil(rows / shard_size)
-                # No more workers than shards; they load the model while the plan is made.
-                pool = _Pool(ray, min(count, pending), location, settings, partial, job, cpus_per_worker,
-                             gpus_per_worker)
-                try:
-                    if shards is None:
-                        shards = plan_shards(sources, shard_size, text_column, encoding)
-                        done = _kept(partial, job, shards, shard_size)
-                    pool.run([s for s in shards if s not in set(done)], len(shards), stall_timeout,
-                             _bar(shards, done, progress))
-                except KeyboardInterrupt:
-                    with _shielded():
-                        pool.stop()
-                        raise JobInterrupted(f"{len(done) + pool.completed} of {len(shards)} shards are complete in "
-                                             f"{partial} ({size_text(disk_size(partial))}, kept): rerun the same "
-                                             "command to resume, or delete it") from None
-                finally:
-                    pool.stop()
+            shards, shard_size, done = _run(ray, sources, job, location, settings, options, partial,
+                                            (shards, shard_size, rows, done), progress)
             _check_unchanged(sources, shards, job)
         return _finish(output, partial, job, shards, shard_size, location, settings, done, started)
+
+
+def _run(ray: Any, sources: list[InputFile], job: JobIdentity, location: str, settings: EmbedSettings,
+         options: RayOptions, partial: Path, plan: tuple, progress: bool) -> tuple[list[Shard], int, list[Shard]]:
+    """The shards not done written on the cluster, planned first when `plan` has none (its shard size from the
+    workers the cluster holds); the plan, its shard size and the shards kept from before."""
+    shards, shard_size, rows, done = plan
+    reading = Reading(**job.reading)
+    with _cluster(ray, options.address) as resources:
+        count = options.workers or _fitting_workers(resources, options.cpus_per_worker, options.gpus_per_worker)
+        shard_size = shard_size or default_shard_size(rows, count)
+        pending = len(shards) - len(done) if shards is not None else math.ceil(rows / shard_size)
+        # No more workers than shards; they load the model while the plan is made.
+        pool = _Pool(ray, min(count, pending), location, settings, partial, job, options)
+        try:
+            if shards is None:
+                shards = plan_shards(sources, shard_size, reading)
+                done = _kept(partial, job, shards, shard_size)
+            pool.run([s for s in shards if s not in set(done)], len(shards), options.stall_timeout,
+                     _bar(shards, done, progress))
+        except KeyboardInterrupt:
+            with _shielded():
+                pool.stop()
+                raise JobInterrupted(f"{len(done) + pool.completed} of {len(shards)} shards are complete in "
+                                     f"{partial} ({size_text(disk_size(partial))}, kept): rerun the same command to "
+                                     "resume, or delete it") from None
+        finally:
+            pool.stop()
+    return shards, shard_size, done
 
 
 def _earlier_run(output: Path, partial: Path, job: JobIdentity) -> dict[str, Any] | None:
@@ -312,10 +316,10 @@ class _Pool:
     """The job's workers (`_ShardWorker` actors, restarted by Ray when they die), each given one shard at a time."""
 
     def __init__(self, ray: Any, count: int, location: str, settings: EmbedSettings, directory: Path,
-                 job: JobIdentity, cpus_per_worker: float, gpus_per_worker: float):
+                 job: JobIdentity, options: RayOptions):
         self.ray = ray
         self.tracker = ray.remote(num_cpus=0)(_progress_class()).remote()
-        actor = ray.remote(_ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
+        actor = ray.remote(_ShardWorker).options(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
                                                  max_restarts=-1, max_task_retries=0)
         arguments = (location, settings.to_dict(), str(directory), job.record())
         self.workers = [self._started(actor.remote(*arguments)) for _ in range(count)]

@@ -1,21 +1,27 @@
-"""How `ElmoEmbedder` and `elmo embed` embed: every setting checked once, in `EmbedSettings`, naming the one at fault
-(`EmbedSettingError.setting`; the CLI names its flag)."""
+"""How `ElmoEmbedder`, `elmo embed` and `elmo serve` embed: every setting checked once, in `EmbedSettings`, naming
+the one at fault (`EmbedSettingError.setting`; the command line names its flag); `VectorLayout`, what they give per
+sentence; `Reading`, how inputs are read; `RayOptions`, a job on Ray.
+
+This module imports nothing but the standard library when it is loaded (what checks need torch or the package is
+imported where it is used): the `elmo` command reads it without importing the package (torch, transformers:
+seconds), for its choices, defaults and help, so that they have this one home. Keep it so.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ..configuration_elmo import integer_problem
-from ..kernel_plan import mode_problem
+if TYPE_CHECKING:
+    import torch
 
 LAYER_MODES = ("all", "top", "average", "mix")
 # One vector per sentence over its words (`formulas.pool_words`), after the layer choice; None: a vector per word.
-POOLS = (None, "mean", "max")
+POOLS = ("mean", "max")
 # What the vectors are stored in: float32 (the biLM's), or float16 (half the size; float32 rounded to nearest).
 DTYPES = ("float32", "float16")
+
+
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,12 @@ class EmbedSettings:
     dtype: str = field(default="float32", metadata=_SHAPES)
 
     def __post_init__(self) -> None:
+        from ..configuration_elmo import integer_problem
+        from ..kernel_plan import mode_problem
+
         if self.scalar_parameters is not None and not isinstance(self.scalar_parameters, tuple):
             object.__setattr__(self, "scalar_parameters", tuple(self.scalar_parameters))
-        if self.device is not None and not isinstance(self.device, torch.device):
+        if self.device is not None and type(self.device).__name__ != "device":  # not a torch.device yet
             object.__setattr__(self, "device", self.device_of(self.device))
         if self.layers not in LAYER_MODES:
             raise EmbedSettingError("layers", f"must be one of {', '.join(LAYER_MODES)}, got {self.layers!r}")
@@ -77,7 +86,7 @@ class EmbedSettings:
                                     "applies to layers='mix' only")
         if problem := mode_problem(self.bf16, self.quantize):
             raise EmbedSettingError("quantize", problem.removeprefix("quantize "))
-        if self.pool not in POOLS:
+        if self.pool not in (None, *POOLS):
             raise EmbedSettingError("pool", f'must be None, "mean" or "max", got {self.pool!r}')
         if self.dtype not in DTYPES:
             raise EmbedSettingError("dtype", f'must be "float32" or "float16", got {self.dtype!r}')
@@ -109,9 +118,16 @@ class EmbedSettings:
         token_shape = (config.num_output_layers, width) if self.layers == "all" else (width,)
         return VectorLayout(token_shape, self.pool is not None, self.dtype)
 
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every field's default (what `elmo` shows)."""
+        return {item.name: item.default for item in fields(cls)}
+
     @staticmethod
     def device_of(device: str | torch.device | None) -> torch.device | None:
         """The device `device` names (`"cpu"`, `"cuda:1"`, ...), checked to exist here; None for None."""
+        import torch
+
         if device is None:
             return None
         try:
@@ -129,3 +145,28 @@ class EmbedSettings:
         if self.scalar_parameters is not None and len(self.scalar_parameters) != layers:
             raise EmbedSettingError("scalar_parameters", f"{len(self.scalar_parameters)} values given; the model has "
                                     f"{layers} layers (the token layer + {layers - 1} biLSTM layers)")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How inputs are read: raw text split by the model's word tokenizer, or `tokenized` (words separated by
+    whitespace); in `encoding`; the text of a JSON Lines or Parquet input under `text_column`."""
+
+    tokenized: bool = False
+    encoding: str = "utf-8"
+    text_column: str = "text"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """A job on Ray (`ray_job.embed_on_ray`): the cluster at `address` (None: a local one of the job's own); `workers`
+    model replicas (None: as many as the cluster's CPUs, or GPUs, hold), each with `cpus_per_worker` CPUs and
+    `gpus_per_worker` GPUs; `shard_size` lines per shard (None: `shards.default_shard_size`); a worker that makes
+    no progress for `stall_timeout` seconds ends the job."""
+
+    address: str | None = None
+    workers: int | None = None
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    shard_size: int | None = None
+    stall_timeout: float = 600.0

@@ -9,7 +9,7 @@ are complete. Nothing here knows Ray (`ray_job.py` runs the shards on it).
   is read); recorded in every shard with the shard's place and digest, so that a rerun keeps a shard only when all
   of it matches what the input holds now and the file is complete (`shard_complete`: its footer read, its rows
   counted). Sizes and times of inputs decide nothing.
-- `write_shard`: one shard through the embedder into `part-NNNNN.parquet` (`writers.ParquetWriter`: a hidden partial
+- `write_shard`: one shard through the embedder into `part-NNNNN.parquet` (`parquet.ParquetWriter`: a hidden partial
   file renamed when complete), its lines checked against its digest before it is renamed (`reading.read_span`).
 """
 
@@ -26,10 +26,9 @@ from typing import Any
 
 from .files import WindowEmbedder, embed_lines
 from .outputs import write_error
-from .parquet import SCHEMA_VERSION, metadata_of
+from .parquet import SCHEMA_VERSION, ParquetWriter, metadata_of
 from .reading import InputFile, Span, read_span, split_rows
-from .settings import EmbedSettings, VectorLayout
-from .writers import ParquetWriter
+from .settings import EmbedSettings, Reading, VectorLayout
 
 MANIFEST = "_elmo_embed.json"  # beside the shards; Parquet readers skip names starting with `_`
 
@@ -75,13 +74,12 @@ class Shard:
         return asdict(self)
 
 
-def plan_shards(inputs: Sequence[InputFile], shard_size: int, text_column: str = "text", encoding: str = "utf-8"
-                ) -> list[Shard]:
-    """The shards of `inputs` in order: each input's lines (rows) in runs of `shard_size` (an empty input has
-    none)."""
+def plan_shards(inputs: Sequence[InputFile], shard_size: int, reading: Reading = Reading()) -> list[Shard]:
+    """The shards of `inputs` (read as `reading` says) in order: each input's lines (rows) in runs of `shard_size`
+    (an empty input has none)."""
     shards: list[Shard] = []
     for source in inputs:
-        for span in split_rows(source, shard_size, text_column, encoding):
+        for span in split_rows(source, shard_size, reading.text_column, reading.encoding):
             shards.append(Shard(len(shards), source.path, source.kind, span.start, span.stop, span.offset, span.end,
                                 span.digest))
     return shards
@@ -107,10 +105,8 @@ class JobIdentity:
     reading: dict[str, Any]
 
     @classmethod
-    def of(cls, model: str, location: str, settings: EmbedSettings, tokenized: bool, encoding: str,
-           text_column: str) -> JobIdentity:
-        return cls(model, model_digest(location), settings.vector_settings(),
-                   {"tokenized": tokenized, "encoding": encoding, "text_column": text_column})
+    def of(cls, model: str, location: str, settings: EmbedSettings, reading: Reading) -> JobIdentity:
+        return cls(model, model_digest(location), settings.vector_settings(), asdict(reading))
 
     @property
     def digest(self) -> str:
