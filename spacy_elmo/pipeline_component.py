@@ -22,7 +22,7 @@ from hf_elmo import DEFAULT_MODEL_NAME
 from hf_elmo.runtime import set_threads
 
 from .layers import ElmoListener, elmo_shim, replace_listener, replace_listener_cfg
-from .layers.bilm import empty_backprop
+from .layers.types import empty_backprop
 from .vectors import mixed_layers, register_extensions, restore_hooks
 
 DEFAULT_CONFIG_STR = f"""

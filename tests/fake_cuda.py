@@ -584,7 +584,7 @@ def fake_thinc(watch: DeviceWatch, ops: Any) -> Iterator[None]:
     NumPy, `ops.alloc` / `ops.asarray` and the torch crossings give `DeviceArray`s, `to_torch` / `to_xp` cross to
     fake CUDA tensors without a copy (DLPack on a GPU), and `ops.to_numpy` counts as a device -> host copy (thinc's
     and spaCy's own too: `Event.project` tells them apart)."""
-    from spacy_elmo.layers import bilm, pytorch, scalar_mix
+    from spacy_elmo.layers import elmo_torch, pytorch, scalar_mix
 
     to_numpy: Callable = ops.to_numpy
 
@@ -596,7 +596,7 @@ def fake_thinc(watch: DeviceWatch, ops: Any) -> Iterator[None]:
         return lambda *args, **kwargs: _on_device(method(*args, **kwargs))
 
     with contextlib.ExitStack() as stack:
-        for module in (pytorch, bilm, scalar_mix):
+        for module in (pytorch, elmo_torch, scalar_mix):
             for name, function in (("to_torch", _to_torch), ("to_xp", _to_xp), ("_array", _optimizer_array)):
                 if hasattr(module, name):
                     stack.enter_context(mock.patch.object(module, name, function))

@@ -358,7 +358,7 @@ def test_threads_using_a_biLM_before_its_weights_are_read_read_them_once(elmo_di
     import threading
     import time
 
-    from spacy_elmo.layers import bilm as bilm_module
+    from spacy_elmo.layers import shim as bilm_module
 
     reads = []
 
@@ -473,7 +473,8 @@ def test_biattentive_encoder_takes_empty_batches_and_texts():
 
 
 def test_doc_sentences_leave_whitespace_tokens_out_and_sentence_batches_keep_the_budget():
-    from spacy_elmo.layers.bilm import doc_sentences, sentence_batches
+    from spacy_elmo.layers.doc_sentences import doc_sentences
+    from spacy_elmo.layers.sentence_batches import sentence_batches
 
     vocab = spacy.blank("en").vocab
     docs = [Doc(vocab, words=["A", " ", "b", "c", "d"]), Doc(vocab, words=[]), Doc(vocab, words=["x", "y"])]
@@ -490,7 +491,10 @@ def test_doc_sentences_leave_whitespace_tokens_out_and_sentence_batches_keep_the
 
 def test_elmo_torch_strip_boundaries_and_to_docs_are_the_model_on_each_row_and_backpropagate(elmo_dir):
     from hf_elmo import ElmoCharTokenizer, ElmoModel
-    from spacy_elmo.layers.bilm import Sentence, SentenceBatches, elmo_torch, strip_boundaries, to_docs
+    from spacy_elmo.layers.elmo_torch import elmo_torch
+    from spacy_elmo.layers.strip_boundaries import strip_boundaries
+    from spacy_elmo.layers.to_docs import to_docs
+    from spacy_elmo.layers.types import Sentence, SentenceBatches
 
     torch_layer = elmo_torch(str(elmo_dir)).initialize()  # reads the weights from `name`
     sentences = [Sentence(0, np.array([0, 2]), ["The", "bank"]), Sentence(1, np.array([0]), ["Hi"])]

@@ -271,7 +271,7 @@ def test_initialize_without_weights_raises_unless_random_weights_are_asked_for(e
 def test_initialize_with_a_weights_loader_initializes_the_biLM_once(elmo_dir, examples, monkeypatch):
     from thinc.api import Model
 
-    from spacy_elmo.layers import bilm as bilm_module
+    from spacy_elmo.layers import shim as bilm_module
 
     initialized, reads = [], []
     initialize = Model.initialize

@@ -11,7 +11,8 @@ from spacy.tokens import Doc
 from thinc.api import Model
 from thinc.types import Floats3d
 
-from .bilm import Setting, elmo_shim
+from .shim import elmo_shim
+from .types import Setting
 
 
 def build_bilm_v1(layers: Model[list[Doc], list[Floats3d]]) -> Model[list[Doc], list[Floats3d]]:

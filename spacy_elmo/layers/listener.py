@@ -16,7 +16,8 @@ from spacy.tokens import Doc
 from thinc.api import Model
 from thinc.types import Floats3d
 
-from .bilm import empty_backprop, standalone_bilm
+from .standalone import standalone_bilm
+from .types import empty_backprop
 
 
 class ElmoListener(Model):
