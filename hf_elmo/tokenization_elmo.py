@@ -335,6 +335,10 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         return_length: bool = False,
         **kwargs,
     ) -> BatchEncoding:
+        """What `__call__` / `encode_plus` run. transformers' own (`PreTrainedTokenizer._encode_plus`) cannot serve:
+        it maps a token to one integer id (here a word is a row of character ids, and a lexicon model's word has a
+        word id beside them), re-splits pre-split words through `tokenize`, and gives neither offsets nor
+        `word_ids()` (slow tokenizers have none). Padding and tensors are transformers' (`pad`)."""
         if text_pair is not None:
             raise ValueError("ElmoCharTokenizer encodes single sentences; text pairs are not supported")
         if return_overflowing_tokens:
@@ -347,39 +351,13 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         # Character spans of the words: in the raw text, or within each given word (as fast tokenizers do).
         spans = [[(0, len(w)) for w in words] if is_split_into_words else _word_spans(t, words)
                  for t, words in zip(texts, sentences)] if return_offsets_mapping else None
-        truncate = truncation_strategy is not None and str(getattr(truncation_strategy, "value", truncation_strategy))
-        if truncate not in (None, False, "do_not_truncate") and max_length is not None:
-            budget = max_length - (2 if add_special_tokens else 0)
-            if budget < 0:
-                raise ValueError(f"max_length={max_length} leaves no room for the <S> and </S> rows")
-            kept = [range(max(len(words) - budget, 0), len(words)) if self.truncation_side == "left"  # the last words
-                    else range(min(budget, len(words))) for words in sentences]
-            sentences = [[words[i] for i in keep] for words, keep in zip(sentences, kept)]
-            spans = [[sentence_spans[i] for i in keep] for sentence_spans, keep in zip(spans, kept)] if spans else None
-        else:
-            kept = [range(len(words)) for words in sentences]
-
-        features: dict[str, list] = {"input_ids": [], "attention_mask": []}
-        if return_special_tokens_mask:
-            features["special_tokens_mask"] = []
+        kept = self._kept_words(sentences, truncation_strategy, max_length, add_special_tokens)
+        sentences = [[words[i] for i in keep] for words, keep in zip(sentences, kept)]
+        spans = [[sentence_spans[i] for i in keep] for sentence_spans, keep in zip(spans, kept)] if spans else None
+        features = self._features(sentences, add_special_tokens, return_special_tokens_mask)
         word_ids = [[None, *keep, None] if add_special_tokens else list(keep) for keep in kept]
         if spans is not None:
             features["offset_mapping"] = [[(0, 0), *s, (0, 0)] if add_special_tokens else s for s in spans]
-        if self.word_lexicon is not None:
-            features["word_input_ids"] = []
-        for words in sentences:
-            special = [0] * len(words)
-            if add_special_tokens:
-                words = [str(self.bos_token), *words, str(self.eos_token)]
-                special = [1, *special, 1]
-            rows, word_input_ids = self.encode_words(words)
-            rows = rows.tolist()
-            features["input_ids"].append(rows)
-            features["attention_mask"].append([1] * len(rows))
-            if word_input_ids is not None:
-                features["word_input_ids"].append(word_input_ids.tolist())
-            if return_special_tokens_mask:
-                features["special_tokens_mask"].append(special)
         if return_token_type_ids:  # one segment: all zeros, as tokenizers of single-sentence models give
             features["token_type_ids"] = [[0] * len(rows) for rows in features["input_ids"]]
         if return_length:
@@ -410,6 +388,42 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         return ElmoBatchEncoding({k: v[0] for k, v in encoded.items()}, word_ids, tensor_type=return_tensors,
                                  prepend_batch_axis=True)
 
+    def _kept_words(self, sentences: list[list[str]], truncation_strategy: Any, max_length: int | None,
+                    add_special_tokens: bool) -> list[range]:
+        """The words of each sentence kept: all, or with truncation the first (`truncation_side` "left": the last)
+        that fit in `max_length` beside the boundary rows."""
+        truncate = truncation_strategy is not None and str(getattr(truncation_strategy, "value", truncation_strategy))
+        if truncate in (None, False, "do_not_truncate") or max_length is None:
+            return [range(len(words)) for words in sentences]
+        budget = max_length - (2 if add_special_tokens else 0)
+        if budget < 0:
+            raise ValueError(f"max_length={max_length} leaves no room for the <S> and </S> rows")
+        return [range(max(len(words) - budget, 0), len(words)) if self.truncation_side == "left"
+                else range(min(budget, len(words))) for words in sentences]
+
+    def _features(self, sentences: list[list[str]], add_special_tokens: bool, special_tokens_mask: bool
+                  ) -> dict[str, list]:
+        """Per sentence: its character rows (`input_ids`), `attention_mask`, a lexicon model's `word_input_ids`, and
+        with `special_tokens_mask` 1 at the boundary rows."""
+        features: dict[str, list] = {"input_ids": [], "attention_mask": []}
+        if special_tokens_mask:
+            features["special_tokens_mask"] = []
+        if self.word_lexicon is not None:
+            features["word_input_ids"] = []
+        for words in sentences:
+            special = [0] * len(words)
+            if add_special_tokens:
+                words = [str(self.bos_token), *words, str(self.eos_token)]
+                special = [1, *special, 1]
+            rows, word_input_ids = self.encode_words(words)
+            features["input_ids"].append(rows.tolist())
+            features["attention_mask"].append([1] * len(rows))
+            if word_input_ids is not None:
+                features["word_input_ids"].append(word_input_ids.tolist())
+            if special_tokens_mask:
+                features["special_tokens_mask"].append(special)
+        return features
+
     def pad(
         self,
         encoded_inputs: Any,
@@ -421,11 +435,10 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         return_tensors: str | TensorType | None = None,
         verbose: bool = True,
     ) -> BatchEncoding:
-        """Pad a batch (a list of feature dicts, or a dict of lists) on the right.
-
-        `input_ids` get all-zero rows, `attention_mask` 0, `labels` -100, `special_tokens_mask` 1, other
-        per-position lists 0; per-example scalars (e.g. a class `label`) pass through unchanged.
-        """
+        """transformers' `pad` (a list of feature dicts, or a dict of lists; its strategies, its tensors), each
+        sentence padded on the right by `_pad`. What this adds: the ids are checked to be character ids ((words,
+        max_characters_per_token) per sentence; one sentence's are a batch of one), and the errors of a padding that
+        cannot be done (`max_length` padding without a length, tensors of unpadded sentences) say so in one line."""
         if (padding_side or self.padding_side) != "right":
             raise ValueError("ElmoCharTokenizer pads on the right only: the backward LM starts at each sentence's end")
         if isinstance(encoded_inputs, (list, tuple)):
@@ -435,65 +448,61 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         batch = dict(encoded_inputs)
         if "input_ids" not in batch:
             raise ValueError(f"pad needs 'input_ids' in the inputs, got keys {sorted(batch)}")
-        ids = batch["input_ids"]
-        chars = self.max_characters_per_token
-        if _is_token_ids(ids):
-            raise ValueError(
-                f"pad: input_ids must be character ids, (words, {chars}) per sentence as ElmoCharTokenizer makes "
-                "them, not a flat list of token ids"
-            )
-        if _is_single_sentence(ids):
-            return self.pad(
-                {key: [value] for key, value in batch.items()}, padding, max_length, pad_to_multiple_of,
-                padding_side, return_attention_mask, return_tensors, verbose,
-            )
-        lengths = [len(rows) for rows in ids]
-        if "attention_mask" not in batch:
-            batch["attention_mask"] = [[1] * n for n in lengths]
+        if _is_token_ids(batch["input_ids"]):
+            raise ValueError(f"pad: input_ids must be character ids, (words, {self.max_characters_per_token}) per "
+                             "sentence as ElmoCharTokenizer makes them, not a flat list of token ids")
+        if _is_single_sentence(batch["input_ids"]):
+            batch = {key: [value] for key, value in batch.items()}
+        batch["input_ids"] = [self._character_rows(row, ids) for row, ids in enumerate(batch["input_ids"])]
+        lengths = {len(ids) for ids in batch["input_ids"]}
         strategy = _padding_strategy(padding)
-        if strategy == PaddingStrategy.DO_NOT_PAD:
-            if return_tensors is not None and len(set(lengths)) > 1:
-                raise ValueError("sentences differ in length: pass padding=True to return tensors")
-            target = max(lengths, default=0)
-        elif strategy == PaddingStrategy.MAX_LENGTH:
-            if max_length is None:
-                raise ValueError("padding='max_length' needs max_length")
-            target = max([max_length, *lengths])
-        else:
-            target = max(lengths, default=0)
-        if pad_to_multiple_of and target % pad_to_multiple_of:
-            target += pad_to_multiple_of - target % pad_to_multiple_of
+        if strategy == PaddingStrategy.MAX_LENGTH and max_length is None:
+            raise ValueError("padding='max_length' needs max_length")
+        if strategy == PaddingStrategy.DO_NOT_PAD and return_tensors is not None and len(lengths) > 1:
+            raise ValueError("sentences differ in length: pass padding=True to return tensors")
+        return super().pad(batch, strategy, max_length, pad_to_multiple_of, padding_side, return_attention_mask,
+                           return_tensors, verbose)
 
-        padded: dict[str, Any] = {}
-        for key, values in batch.items():
-            if key == "input_ids":
-                array = np.zeros((len(ids), target, self.max_characters_per_token), dtype=np.int64)
-                for row, rows in enumerate(ids):
-                    if len(rows):
-                        rows = np.asarray(rows.tolist() if _is_tensor(rows) else rows, dtype=np.int64)
-                        if rows.ndim != 2 or rows.shape[1] != chars:
-                            raise ValueError(f"pad: sentence {row} has input_ids of shape {rows.shape}; expected "
-                                             f"(words, {chars}) character ids")
-                        array[row, : len(rows)] = rows
-                padded[key] = array
-            elif values and (isinstance(values[0], (list, tuple, np.ndarray)) or _is_tensor(values[0])):
-                fill = {"labels": -100, "special_tokens_mask": 1}.get(key, 0)
-                array = np.full((len(values), target), fill, dtype=np.int64)
-                for row, value in enumerate(values):
-                    value = np.asarray(value, dtype=np.int64).reshape(-1)
-                    array[row, : len(value)] = value
-                padded[key] = array
-            else:
-                padded[key] = values
+    def _character_rows(self, row: int, ids: Any) -> list[list[int]]:
+        """Sentence `row`'s input_ids as lists, checked to be (words, max_characters_per_token) character ids."""
+        ids = np.asarray(ids.tolist() if _is_tensor(ids) else ids, dtype=np.int64)
+        if ids.size and (ids.ndim != 2 or ids.shape[1] != self.max_characters_per_token):
+            raise ValueError(f"pad: sentence {row} has input_ids of shape {ids.shape}; expected (words, "
+                             f"{self.max_characters_per_token}) character ids")
+        return ids.reshape(-1, self.max_characters_per_token).tolist()
+
+    def _pad(
+        self,
+        encoded_inputs: dict[str, Any],
+        max_length: int | None = None,
+        padding_strategy: PaddingStrategy = PaddingStrategy.DO_NOT_PAD,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_attention_mask: bool | None = None,
+    ) -> dict:
+        """transformers' step of `pad` for one sentence, on the right: `input_ids` get all-zero rows (a word of no
+        characters), `attention_mask` 0, `labels` -100, `special_tokens_mask` 1, other per-position lists 0;
+        per-sentence values (a class `label`) pass through."""
+        words = len(encoded_inputs["input_ids"])
         if return_attention_mask is False:
-            padded.pop("attention_mask")
-        if return_tensors is None and strategy == PaddingStrategy.DO_NOT_PAD:
-            # Unpadded Python lists, one per sentence, each as long as its own sentence.
-            padded = {k: [v[i][:n].tolist() for i, n in enumerate(lengths)] if isinstance(v, np.ndarray) and v.ndim > 1
-                      else v for k, v in padded.items()}
-        elif return_tensors is None:
-            padded = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in padded.items()}
-        return BatchEncoding(padded, tensor_type=return_tensors)
+            encoded_inputs.pop("attention_mask", None)
+        elif "attention_mask" not in encoded_inputs:
+            encoded_inputs["attention_mask"] = [1] * words
+        if padding_strategy == PaddingStrategy.LONGEST:
+            max_length = words
+        if max_length is not None and pad_to_multiple_of and max_length % pad_to_multiple_of:
+            max_length += pad_to_multiple_of - max_length % pad_to_multiple_of
+        if padding_strategy == PaddingStrategy.DO_NOT_PAD or max_length is None:
+            return encoded_inputs
+        padded = {}
+        for key, value in encoded_inputs.items():
+            if key == "input_ids":
+                value = list(value) + [[0] * self.max_characters_per_token] * (max_length - words)
+            elif isinstance(value, (list, tuple, np.ndarray)) or _is_tensor(value):
+                value = np.asarray(value, dtype=np.int64).reshape(-1).tolist()
+                value += [{"labels": -100, "special_tokens_mask": 1}.get(key, 0)] * (max_length - len(value))
+            padded[key] = value
+        return padded
 
     # -- decoding -----------------------------------------------------------------------------------------
     def char_ids_to_word(self, char_ids: Any) -> str | None:

@@ -252,6 +252,16 @@ def make_optimizer(args: PretrainArguments, parameters) -> torch.optim.Optimizer
     return torch.optim.Adam(parameters, lr=args.learning_rate)
 
 
+def _softmax_only_steps(args: PretrainArguments, init_config: ElmoConfig | None) -> int:
+    """The steps that train the softmax alone first: given, else (a new softmax on a trained encoder) a tenth of the
+    run, at most `DEFAULT_SOFTMAX_ONLY_STEPS`; none otherwise."""
+    if args.softmax_only_steps is not None:
+        return args.softmax_only_steps
+    new_softmax_on_trained_encoder = init_config is not None and not init_config.vocab_size
+    limit = args.max_steps // 10 if args.max_steps else DEFAULT_SOFTMAX_ONLY_STEPS
+    return min(DEFAULT_SOFTMAX_ONLY_STEPS, limit) if new_softmax_on_trained_encoder else 0
+
+
 class Pretraining:
     """One `elmo pretrain` run, read top to bottom: `__init__` sets it up (accelerator, model, vocabulary, data,
     objective, optimizer, schedule, checkpoint to resume), `run` trains (`_step` per batch, `_log`, `_validate`,
@@ -261,32 +271,44 @@ class Pretraining:
         self.args = args
         init_config = loading.load_config(args.init_model) if args.init_model else None
         self.word_tokenizer_name = args.word_tokenizer or getattr(init_config, "word_tokenizer", None) or "spacy:en"
-        new_softmax_on_trained_encoder = init_config is not None and not init_config.vocab_size
-        softmax_only_steps = args.softmax_only_steps
-        if softmax_only_steps is None:
-            limit = args.max_steps // 10 if args.max_steps else DEFAULT_SOFTMAX_ONLY_STEPS
-            softmax_only_steps = min(DEFAULT_SOFTMAX_ONLY_STEPS, limit) if new_softmax_on_trained_encoder else 0
-        self.softmax_only_steps = softmax_only_steps
+        self.softmax_only_steps = _softmax_only_steps(args, init_config)
+        self.accelerator = self._accelerator()
+        checkpoint = self._output_directory()
+        lm = self._model_and_data(init_config)
+        self._objective_and_optimizer(lm)
+        self._restore(checkpoint)
+        self._announce(lm)
+        self.progress: tqdm | None = None
 
+    def _accelerator(self) -> Accelerator:
+        """Accelerate's (device, processes, mixed precision, trackers); torch's threads and the seed set."""
+        args = self.args
         # The biLM is frozen in the softmax-only steps: DDP must accept parameters without gradients then.
-        self.accelerator = accelerator = Accelerator(
+        accelerator = Accelerator(
             cpu=args.cpu,
             mixed_precision=args.mixed_precision,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             log_with=args.report_to,
             project_dir=args.output_dir,
-            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=softmax_only_steps > 0)],
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=self.softmax_only_steps > 0)],
         )
         set_threads(args.threads)
         set_seed(args.seed)
-        self.output_dir, self.checkpoint_dir = Path(args.output_dir), Path(args.output_dir) / "checkpoints"
-        if accelerator.is_main_process:
+        return accelerator
+
+    def _output_directory(self) -> Path | None:
+        """The output directory made (partial checkpoints of a killed run removed); the checkpoint to resume."""
+        self.output_dir = Path(self.args.output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             remove_partial_checkpoints(self.checkpoint_dir)
-        accelerator.wait_for_everyone()
-        checkpoint = latest_checkpoint(self.checkpoint_dir) if args.resume else None
+        self.accelerator.wait_for_everyone()
+        return latest_checkpoint(self.checkpoint_dir) if self.args.resume else None
 
-        # Model, vocabulary and data
+    def _model_and_data(self, init_config: ElmoConfig | None) -> ElmoForBidirectionalLM:
+        """The biLM with its softmax, the vocabulary, the tokenizers and the training data; the biLM."""
+        args, accelerator = self.args, self.accelerator
         lm, self.vocabulary, self.started_from = load_model(args, init_config, accelerator, self.word_tokenizer_name)
         lm.config.word_tokenizer = self.word_tokenizer_name
         lm.config.word_vocab_file = VOCAB_FILE
@@ -301,8 +323,11 @@ class Pretraining:
             self.train_data, batch_size=None, num_workers=args.num_workers, generator=torch.Generator(),
             pin_memory=accelerator.device.type == "cuda",
         )
+        return lm
 
-        # Objective, optimizer and schedule, prepared by Accelerate (device, DDP, mixed precision)
+    def _objective_and_optimizer(self, lm: ElmoForBidirectionalLM) -> None:
+        """Objective, optimizer and schedule, prepared by Accelerate (device, DDP, mixed precision)."""
+        args, accelerator = self.args, self.accelerator
         objective = BidirectionalLMLoss(lm, num_sampled=args.num_sampled)
         optimizer = make_optimizer(args, objective.parameters())
         scheduler = get_scheduler(
@@ -312,10 +337,12 @@ class Pretraining:
         )
         self.objective, self.optimizer, self.scheduler = accelerator.prepare(objective, optimizer, scheduler)
 
-        # Progress: optimizer steps, the data position, and this process's counts of sequences and targets (words
-        # + one </S> per line); since the last log, forward CE, backward CE and targets.
-        # The log window (sums since the last log record and the training seconds they took) is saved with the
-        # checkpoints, so that a resumed run logs the records an uninterrupted one would.
+    def _restore(self, checkpoint: Path | None) -> None:
+        """Progress: optimizer steps, the data position, and this process's counts of sequences and targets (words
+        + one </S> per line); since the last log, forward CE, backward CE and targets, and the training seconds they
+        took (the log window, saved with the checkpoints, so that a resumed run logs the records an uninterrupted
+        one would). From `checkpoint`, else from the start; the log file cut back to the checkpoint's step."""
+        args, accelerator = self.args, self.accelerator
         state = {"step": 0, "position": DataPosition.start(0, args.num_workers).to_json(), "tokens": 0, "sequences": 0,
                  "world_size": accelerator.num_processes, "window": [0.0, 0.0, 0.0], "window_seconds": 0.0}
         if checkpoint is not None:
@@ -336,9 +363,12 @@ class Pretraining:
             keep = [line for line in self.log_file.read_text(encoding="utf-8").splitlines(keepends=True)
                     if checkpoint is not None and json.loads(line)["step"] <= self.step]
             self.log_file.write_text("".join(keep), encoding="utf-8")
-        accelerator.init_trackers(
-            "elmo-pretrain", config={k: v for k, v in asdict(args).items() if isinstance(v, (int, float, str, bool))}
-        )
+
+    def _announce(self, lm: ElmoForBidirectionalLM) -> None:
+        """The trackers started; one log line of what runs where."""
+        accelerator = self.accelerator
+        settings = {k: v for k, v in asdict(self.args).items() if isinstance(v, (int, float, str, bool))}
+        accelerator.init_trackers("elmo-pretrain", config=settings)
         elmo = lm.elmo
         fused = recurrence_for(elmo.config.kernels(), accelerator.device, elmo.bilstm.layers[0].weights()) == "fused"
         recurrence = "cuDNN's LSTM" if fused else "the step loop" + (
@@ -346,7 +376,6 @@ class Pretraining:
         logger.info(f"{sum(p.numel() for p in lm.parameters()):,} parameters, vocabulary {len(self.vocabulary):,}, "
                     f"{len(self.train_files)} training files, processes: {accelerator.num_processes} on "
                     f"{accelerator.device}, biLSTM through {recurrence}")
-        self.progress: tqdm | None = None
 
     def _checkpointed(self) -> dict[str, Any]:
         """What a checkpoint saves besides the random and per-process states."""
