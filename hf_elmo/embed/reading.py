@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..extras import require
 from ..text import GZIP_MAGIC, NotTextError, read_lines
 
 # The kinds of input, by name: Parquet (`.parquet`, `.pq`), JSON Lines (`.jsonl`, `.ndjson`, also gzipped), else text.
@@ -163,9 +164,7 @@ def _text_value(value: Any, where: str, column: str) -> str:
 
 def _parquet_file(path: str, text_column: str) -> Any:
     """A Parquet input, opened and checked to hold text in `text_column`."""
-    from .parquet import _pa
-
-    pa = _pa()
+    pa = require("pyarrow", "Parquet outputs and inputs need")
     import pyarrow.parquet as pq
 
     try:
