@@ -24,9 +24,9 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 from elmo_fixtures import in_a_small_tmpfs, require_tmpfs
 from processes import session_processes
+from ray_clusters import RAY_ENV, ray_environment, two_nodes
 from ray_gate import gated, held_at, open_to
 from typer.testing import CliRunner
 
@@ -35,37 +35,22 @@ from hf_elmo.embed import ray_job, read_vectors
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_torch_thread")]
 runner = CliRunner(env={"COLUMNS": "1000"})
-# Clusters of this machine's own, reached from here only: without Ray's token authentication, whose token file a
-# cluster started in this process and one started by another would each write.
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 ENV = {**os.environ, **RAY_ENV, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 GATE_SCRIPT = Path(__file__).with_name("ray_gate.py")
 PTB = Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb" / "ptb.valid.txt"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_environment():
-    saved = {name: os.environ.get(name) for name in RAY_ENV}
-    os.environ.update(RAY_ENV)
-    yield
-    for name, value in saved.items():
-        os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+def ray_env():
+    with ray_environment():
+        yield
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """Two Ray nodes of one CPU each, this process connected to them as a driver; their address."""
-    from ray.cluster_utils import Cluster
-
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        nodes.add_node(num_cpus=1)
-        nodes.wait_for_nodes()
-        ray.init(address=nodes.address, log_to_driver=False)
-        yield nodes.address
-    finally:
-        ray.shutdown()
-        nodes.shutdown()
+    with two_nodes() as address:
+        yield address
 
 
 @pytest.fixture

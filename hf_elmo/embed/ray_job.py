@@ -19,18 +19,14 @@ interface only (Ray accepts drivers without authentication: nothing off this mac
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import shutil
-import signal
 import socket
 import sys
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +35,7 @@ from tqdm import tqdm
 
 from ..extras import require
 from ..loading import load_config, resolve_model
+from ..ray_cluster import ray_cluster, shielded
 from .outputs import EmbedInterrupted, OutputLock, check_not_input, disk_size, partial_path, size_text
 from .reading import InputError, InputFile, NotTextError, check_input, count_rows, input_files
 from .settings import EmbedSettings, RayOptions, Reading
@@ -131,7 +128,7 @@ def _run(ray: Any, sources: list[InputFile], job: JobIdentity, location: str, se
     workers the cluster holds); the plan, its shard size and the shards kept from before."""
     shards, shard_size, rows, done = plan
     reading = Reading(**job.reading)
-    with _cluster(ray, options.address) as resources:
+    with ray_cluster(ray, options.address) as resources:
         count = options.workers or _fitting_workers(resources, options.cpus_per_worker, options.gpus_per_worker)
         shard_size = shard_size or default_shard_size(rows, count)
         pending = len(shards) - len(done) if shards is not None else math.ceil(rows / shard_size)
@@ -144,7 +141,7 @@ def _run(ray: Any, sources: list[InputFile], job: JobIdentity, location: str, se
             pool.run([s for s in shards if s not in set(done)], len(shards), options.stall_timeout,
                      _bar(shards, done, progress))
         except KeyboardInterrupt:
-            with _shielded():
+            with shielded():
                 pool.stop()
                 raise JobInterrupted(f"{len(done) + pool.completed} of {len(shards)} shards are complete in "
                                      f"{partial} ({size_text(disk_size(partial))}, kept): rerun the same command to "
@@ -238,65 +235,6 @@ def _bar(shards: list[Shard], done: list[Shard], progress: bool) -> tqdm:
     kept = sum(s.rows for s in done)
     return tqdm(total=sum(s.rows for s in shards), initial=kept, unit=" sentences", desc="embedding on Ray",
                 file=sys.stderr, disable=not progress)
-
-
-@contextmanager
-def _cluster(ray: Any, address: str | None) -> Iterator[dict[str, float]]:
-    """Ray for the job, its resources: the cluster at `address` (or the one this process is connected to already),
-    else a local one of the job's own, listening on loopback only, stopped after it. Python's SIGTERM handler is kept
-    (Ray's core installs one that dumps its stack and aborts)."""
-    started = not ray.is_initialized()
-    if started:
-        handler = signal.getsignal(signal.SIGTERM)
-        with _loopback_only(address is None):
-            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR, **({"_node_ip_address": "127.0.0.1"} if address is None else {}))
-        if threading.current_thread() is threading.main_thread() and handler is not None:
-            signal.signal(signal.SIGTERM, handler)
-    try:
-        yield ray.cluster_resources()
-    finally:
-        if started:
-            with _shielded():
-                ray.shutdown()
-
-
-@contextmanager
-def _loopback_only(local: bool) -> Iterator[None]:
-    """While a local cluster starts: Ray's single-machine mode, whose node address is the loopback one, so that its
-    GCS, raylet, agents and workers (which inherit the setting) listen there alone. Ray's only switch for it is the
-    variable it reads for Windows and macOS, where it is the default."""
-    if not local:
-        yield
-        return
-    from ray._private import ray_constants
-
-    saved = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
-        if saved[0] is None:
-            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
-        else:
-            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = saved[0]
-
-
-@contextmanager
-def _shielded() -> Iterator[None]:
-    """SIGINT and SIGTERM ignored while the job's processes are stopped: a second Ctrl-C must not leave them
-    running."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 @dataclass
