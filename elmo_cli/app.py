@@ -106,6 +106,7 @@ def _light(relative: str) -> ModuleType:
 # taken when none is named: the package's own (`hf_elmo/embed/settings.py`, `output_formats.py`, `hf_elmo/names.py`).
 package_settings = _light("embed/settings.py")
 package_formats = _light("embed/output_formats.py")
+package_serving = _light("serve/options.py")
 DEFAULT_MODEL_NAME = _light("names.py").DEFAULT_MODEL_NAME
 LayerMode = Enum("LayerMode", {mode: mode for mode in package_settings.LAYER_MODES}, type=str)
 Pool = Enum("Pool", {pool: pool for pool in package_settings.POOLS}, type=str)
@@ -114,6 +115,32 @@ DEFAULT = package_settings.EmbedSettings.defaults()
 DEFAULT_DTYPE = Dtype(DEFAULT["dtype"])
 RAY_DEFAULTS = package_settings.RayOptions()
 READING_DEFAULTS = package_settings.Reading()
+SERVING = package_serving.ServeOptions()
+SERVE_LAYERS = LayerMode(package_serving.SERVE_SETTINGS["layers"])
+SERVE_POOL = Pool(package_serving.SERVE_SETTINGS["pool"])
+
+
+# The embedding settings' flags, one declaration each, shared by `embed` and `serve` (a flag named as its setting
+# reaches `EmbedSettings` by that name: `_settings`).
+WeightsFlag = Annotated[str | None, typer.Option(
+    "--weights", help="With `--layers mix`: comma-separated scalar parameters s, one per layer (softmaxed).")]
+GammaFlag = Annotated[float, typer.Option(help="With `--layers mix`: the scale gamma.")]
+BatchTokensFlag = Annotated[int, typer.Option(
+    min=1, help="Padded positions per forward pass (sentence boundaries included).")]
+MaxSentenceWordsFlag = Annotated[int, typer.Option(
+    min=1, help="Longer sentences run as windows of this many words, each from the zero state (bounded memory; "
+    "AllenNLP runs them whole).")]
+DeviceFlag = Annotated[str | None, typer.Option(help="`cpu`, `cuda`, `cuda:1`, ... [default: cpu]")]
+ThreadsFlag = Annotated[int | None, typer.Option(
+    min=1, help="CPU threads for torch [default: OMP_NUM_THREADS, else the cores this process may use that no other "
+    "process is busy on].")]
+Bf16Flag = Annotated[bool, typer.Option(
+    "--bf16", help="Run the biLM under bf16 autocast (float32 output, not exact): for CPUs with native bf16 "
+    "(AVX512-BF16, AMX) and GPUs (float16 before Ampere); elsewhere float32, with a warning.")]
+Int8Flag = Annotated[bool, typer.Option(
+    "--int8", help="Run the biLM's large matmuls in int8 on the CPU (float32 output, not exact; on the original "
+    "model 1.6-1.9x the throughput, a third to a quarter of the latency of one sentence): for x86 CPUs with AVX2; "
+    "elsewhere float32, with a warning.")]
 
 
 def _print_version(value: bool) -> None:
@@ -393,11 +420,8 @@ def embed(
     weight_file: Annotated[
         Path | None, typer.Option(help="The original .hdf5 weights (with --options-file), instead of MODEL.")
     ] = None,
-    weights: Annotated[
-        str | None,
-        typer.Option(help="With `--layers mix`: comma-separated scalar parameters s, one per layer (softmaxed)."),
-    ] = None,
-    gamma: Annotated[float, typer.Option(help="With `--layers mix`: the scale gamma.")] = DEFAULT["gamma"],
+    weights: WeightsFlag = None,
+    gamma: GammaFlag = DEFAULT["gamma"],
     pool: Annotated[
         Pool | None,
         typer.Option(help="One vector per sentence, the `mean` or `max` over its words of the --layers chosen (as "
@@ -405,19 +429,14 @@ def embed(
     ] = None,
     dtype: Annotated[Dtype, typer.Option(help="The vectors' type in OUTPUT: float16 halves its size.")] = (
         DEFAULT_DTYPE),
-    batch_tokens: Annotated[
-        int, typer.Option(min=1, help="Padded positions per forward pass (sentence boundaries included).")
-    ] = DEFAULT["batch_tokens"],
+    batch_tokens: BatchTokensFlag = DEFAULT["batch_tokens"],
     buffer_tokens: Annotated[
         int | None, typer.Option(min=1, help="Positions read ahead and sorted by length [default: 4 x batch-tokens].")
     ] = None,
     batch_size: Annotated[
         int | None, typer.Option(min=1, help="Sentences per forward pass at most, on top of --batch-tokens.")
     ] = None,
-    max_sentence_words: Annotated[
-        int, typer.Option(min=1, help="Longer lines run as windows of this many words, each from the zero state "
-                          "(bounded memory; AllenNLP runs them whole).")
-    ] = DEFAULT["max_sentence_words"],
+    max_sentence_words: MaxSentenceWordsFlag = DEFAULT["max_sentence_words"],
     forget_sentences: Annotated[
         bool, typer.Option("--forget-sentences", help="hdf5: leave out `sentence_to_index` (flat memory).")
     ] = False,
@@ -427,23 +446,13 @@ def embed(
     text_column: Annotated[
         str, typer.Option(help="The field (JSON Lines) or column (Parquet) of INPUT that holds the text.")
     ] = READING_DEFAULTS.text_column,
-    device: Annotated[str | None, typer.Option(help="`cpu`, `cuda`, `cuda:1`, ... [default: cpu]")] = None,
+    device: DeviceFlag = None,
     cuda_device: Annotated[
         int | None, typer.Option(help="`allennlp elmo`'s device: -1 for the CPU, n for cuda:n.")
     ] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch [default: "
-                                                "OMP_NUM_THREADS, else the cores this process may use that no other "
-                                                "process is busy on].")] = None,
-    bf16: Annotated[
-        bool, typer.Option("--bf16", help="Run the biLM under bf16 autocast (float32 output, not exact): for CPUs with "
-                           "native bf16 (AVX512-BF16, AMX) and GPUs (float16 before Ampere); elsewhere float32, "
-                           "with a warning.")
-    ] = False,
-    int8: Annotated[
-        bool, typer.Option("--int8", help="Run the biLM's large matmuls in int8 on the CPU (float32 output, not "
-                           "exact; on the original model 1.6-1.9x the throughput, a third to a quarter of the "
-                           "latency of one sentence): for x86 CPUs with AVX2; elsewhere float32, with a warning.")
-    ] = False,
+    threads: ThreadsFlag = None,
+    bf16: Bf16Flag = False,
+    int8: Int8Flag = False,
     encoding: Annotated[str, typer.Option(help="INPUT's encoding, e.g. `utf-16` (with its byte-order mark), "
                                           "`latin-1`, `cp1252` (Python's codec names).")] = READING_DEFAULTS.encoding,
     ray: Annotated[bool, typer.Option("--ray", help="Run on a Ray cluster: a local one started for the job (on "
@@ -548,17 +557,11 @@ def embed(
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     _hf_elmo()
     from hf_elmo.allennlp import cuda_device_to_device
-    from hf_elmo.embed import EmbedSettings, embed_corpus
+    from hf_elmo.embed import embed_corpus
 
     with _embed_errors():
-        # Every setting whose flag has its name; the others from their flags (AllenNLP's spellings included).
-        named = {name: getattr(value, "value", value) for name, value in ctx.params.items()
-                 if name in EmbedSettings.__dataclass_fields__ and name not in ("layers", "device")}
-        settings = EmbedSettings(
-            **named, layers=layer_mode, quantize="int8" if int8 else None,
-            scalar_parameters=_parse_weights(weights) if weights is not None else None,
-            device=cuda_device_to_device(cuda_device) if cuda_device is not None else device,
-        )
+        settings = _settings(ctx.params, layer_mode, cuda_device_to_device(cuda_device) if cuda_device is not None
+                             else device)
         reading = package_settings.Reading(original is not None if tokenized is None else tokenized, encoding,
                                            text_column)
         ray_options = package_settings.RayOptions(ray_address, workers, cpus_per_worker, gpus_per_worker,
@@ -568,6 +571,18 @@ def embed(
                                original=original, progress=not quiet)
     if not quiet:
         typer.echo(summary, err=True)
+
+
+def _settings(flags: dict[str, Any], layers: str, device: Any) -> Any:
+    """The `EmbedSettings` of a command's flags, in one call: every setting whose flag has its name, and those whose
+    flags say them otherwise (`--layers` and AllenNLP's spellings, `--weights`, `--int8`, the device)."""
+    from hf_elmo.embed import EmbedSettings
+
+    named = {name: getattr(value, "value", value) for name, value in flags.items()
+             if name in EmbedSettings.__dataclass_fields__ and name not in ("layers", "device")}
+    weights = flags.get("weights")
+    return EmbedSettings(**named, layers=layers, quantize="int8" if flags.get("int8") else None, device=device,
+                         scalar_parameters=_parse_weights(weights) if weights is not None else None)
 
 
 def _check_embed_arguments(arguments: list[str], inputs: list[str], output: Path, ray: bool, encoding: str) -> None:
@@ -643,6 +658,86 @@ def _embed_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
     except (JobError, OSError, ImportError, ValueError, OutOfDeviceMemoryError) as error:
         _fail(str(error))
+
+
+@app.command(cls=ElmoCommand)
+def serve(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(metavar="[MODEL]", help=MODEL_HELP + " [default: default]",
+                                         show_default=False)] = DEFAULT_MODEL_NAME,
+    hostname: Annotated[str, typer.Option(help="The address to listen on (`0.0.0.0`: every interface).")] = (
+        SERVING.hostname),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="The port to listen on.")] = SERVING.port,
+    api_key: Annotated[str | None, typer.Option(envvar="API_KEY", help="Requests must send `Authorization: Bearer "
+                                                "KEY` (/health and /ping stay open).")] = None,
+    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Words of one batch across requests, and the most "
+                                                  "of one input (longer: 413, or cut with truncate).")] = (
+        SERVING.max_batch_tokens),
+    max_client_batch_size: Annotated[int, typer.Option(min=1, help="Inputs per request at most (more: 413).")] = (
+        SERVING.max_client_batch_size),
+    max_concurrent_requests: Annotated[int, typer.Option(min=1, help="Requests served at once at most (more: 429 "
+                                                         "at once).")] = SERVING.max_concurrent_requests,
+    payload_limit: Annotated[int, typer.Option(min=1, help="Bytes of a request body at most (more: 413).")] = (
+        SERVING.payload_limit),
+    auto_truncate: Annotated[bool, typer.Option("--auto-truncate", help="Cut inputs longer than --max-batch-tokens "
+                                                "words unless a request says otherwise.")] = SERVING.auto_truncate,
+    layers: Annotated[LayerMode, typer.Option(help="The biLM layers of the vectors: `average`, `top`, `mix`, or "
+                                              "`all` (each layer's).")] = SERVE_LAYERS,
+    pool: Annotated[Pool, typer.Option(help="/embed's vector of an input: the `mean` or `max` of its words' "
+                                       "vectors.")] = SERVE_POOL,
+    weights: WeightsFlag = None,
+    gamma: GammaFlag = DEFAULT["gamma"],
+    dtype: Annotated[Dtype, typer.Option(help="The vectors' type before they are sent (float16: rounded).")] = (
+        DEFAULT_DTYPE),
+    batch_tokens: BatchTokensFlag = DEFAULT["batch_tokens"],
+    max_sentence_words: MaxSentenceWordsFlag = DEFAULT["max_sentence_words"],
+    device: DeviceFlag = None,
+    threads: ThreadsFlag = None,
+    bf16: Bf16Flag = False,
+    int8: Int8Flag = False,
+    ray: Annotated[bool, typer.Option("--ray", help="Serve on Ray Serve: a local cluster (on loopback but for the "
+                                      "serving port), or --ray-address's.")] = False,
+    ray_address: Annotated[str | None, typer.Option(help="With --ray: an existing cluster.")] = None,
+    replicas: Annotated[int | None, typer.Option(min=1, help="With --ray: model replicas [default: as many as the "
+                                                 "cluster's CPUs hold, one CPU each].")] = None,
+    max_replicas: Annotated[int | None, typer.Option(min=1, help="With --ray: autoscale between --replicas and "
+                                                     "this many, by requests waiting.")] = None,
+) -> None:
+    """Serve MODEL's vectors over HTTP with the APIs embedding clients speak: Text Embeddings Inference's (`POST
+    /embed`, `/embed_all`, `/tokenize`, `/`, `/invocations`; `GET /health`, `/info`, `/metrics`) and OpenAI's
+    (`POST /v1/embeddings`), so that `huggingface_hub.InferenceClient(base_url=...)`, the `openai` client, LangChain
+    and LlamaIndex call it unchanged; `/docs` describes them.
+
+    Concurrent requests are batched together (at most --max-batch-tokens words a batch, longest first), off the
+    event loop; each input's vector is what `elmo embed` / `ElmoEmbedder` gives for its text with the same
+    settings. Over --max-concurrent-requests a request gets 429 at once; errors are one JSON line (TEI's, OpenAI's on
+    its routes). SIGTERM or Ctrl-C: no new requests, those held are answered, then the server exits.
+    """
+    if not ray and (ray_address is not None or replicas is not None or max_replicas is not None):
+        raise typer.BadParameter("applies to --ray only", param_hint="--ray-address/--replicas/--max-replicas")
+    if ray:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    _hf_elmo()
+    from hf_elmo.extras import require
+
+    options = package_serving.ServeOptions(hostname, port, api_key, max_batch_tokens, max_client_batch_size,
+                                           max_concurrent_requests, payload_limit, auto_truncate, model)
+    with _embed_errors():
+        require("fastapi", "elmo serve needs")
+        require("uvicorn", "elmo serve needs")
+        settings = _settings(ctx.params, layers.value, device)
+        if ray:
+            from hf_elmo.serve.ray_serve import ServeError, serve_on_ray
+
+            try:
+                serve_on_ray(model, settings, options, ray_address, replicas, max_replicas, threads,
+                             announce=lambda line: typer.echo(line, err=True))
+            except ServeError as error:
+                _fail(str(error))
+        else:
+            from hf_elmo.serve import serve as run
+
+            run(model, settings, options, threads, announce=lambda line: typer.echo(line, err=True))
 
 
 @app.command(cls=ElmoCommand)

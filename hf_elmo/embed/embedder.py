@@ -199,6 +199,11 @@ class ElmoEmbedder:
         # Copies, so that no sentence keeps the whole batch alive.
         return [output[..., row, :words, :].copy() for row, words in enumerate(batch.word_counts)]
 
+    def pooled(self, vectors: np.ndarray) -> np.ndarray:
+        """One sentence's float32 word vectors ((layers, words, width) or (words, width)) → what this embedder gives
+        for it: with `pool` its vector, in `dtype`."""
+        return self._finished([vectors])
+
     def _finished(self, parts: Iterable[np.ndarray]) -> np.ndarray:
         """A sentence's float32 word vectors, in consecutive parts along its words → what the embedder gives for
         it: pooled (`pool`) and in `dtype`. Without `pool`, one part."""

@@ -1,0 +1,348 @@
+"""The server's ASGI app (FastAPI): ELMo behind Text Embeddings Inference's HTTP API and OpenAI's embeddings API, so
+that their clients (`huggingface_hub.InferenceClient`, `openai`, LangChain, LlamaIndex) call it unchanged.
+
+Routes (TEI's request and response shapes): `POST /embed` (one vector per input: the settings' sentence vector,
+unit length with `normalize`), `POST /embed_all` (each input's word vectors), `POST /v1/embeddings` and `/embeddings`
+(OpenAI's), `POST /` and `/invocations` (as `/embed`), `POST /tokenize` (the model's words), `GET /health`, `/ping`,
+`/info`, `/metrics` (Prometheus), `/docs`. Every input's vectors are what `ElmoEmbedder` gives for the same text with
+the same settings, whatever requests it is batched with (`batching.Batcher`).
+
+Every error is one JSON line: TEI's `{"error": ..., "error_type": ...}`, OpenAI's `{"error": {"message", "type",
+"param", "code"}}` on its routes: 401 without the API key (nothing computed), 413 a body over `payload_limit`, more
+inputs than `max_client_batch_size` or an input too long, 422 a body that is not JSON of the route's shape (invalid
+UTF-8, no input, an input that is not text, an empty list), 429 over `max_concurrent_requests` (at once, never
+queued), 424 a batch that failed (the server goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..text import split_into_words
+from ..tokenization_elmo import _word_spans
+from .batching import Batcher, BatchFailed
+from .metrics import Metrics
+from .options import ServeOptions
+
+OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
+
+
+class ApiError(Exception):
+    """An answer other than 200: its status, one line, and TEI's error type."""
+
+    def __init__(self, status: int, message: str, error_type: str):
+        super().__init__(message)
+        self.status, self.message, self.error_type = status, message, error_type
+
+
+class EmbedRequest(BaseModel):
+    """TEI's `/embed` and `/embed_all` body."""
+
+    model_config = ConfigDict(extra="ignore")
+    inputs: str | list[str]
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
+    prompt_name: None = None
+
+
+class OpenAIRequest(BaseModel):
+    """OpenAI's `/v1/embeddings` body (text inputs; token ids are not ELMo's)."""
+
+    model_config = ConfigDict(extra="ignore")
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """TEI's `/tokenize` body."""
+
+    model_config = ConfigDict(extra="ignore")
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+
+
+def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = None) -> FastAPI:
+    """The app serving `embedder` (an `ElmoEmbedder`; its settings give `/embed`'s vector, its layers `/embed_all`'s)
+    within `options`. `embed` (sentences → their float32 word vectors, run on the batches' thread) replaces the
+    embedder's own for the batches (tests use it to make a batch fail)."""
+    words_embedder = embedder.with_settings(pool=None, dtype="float32")
+    metrics = Metrics()
+    batcher = Batcher(embed or (lambda sentences: list(words_embedder.embed_sentences(sentences))),
+                      options.max_batch_tokens, metrics.batch_done, initializer=_same_threads())
+    state = {"serving": 0}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="ELMo embeddings", description=__doc__.split("\n\n")[0], lifespan=lifespan)
+    app.state.metrics, app.state.batcher = metrics, batcher
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return _error_response(request, error)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next: Callable) -> Response:
+        """Authorization, the slot a request takes, and its metrics, around every route."""
+        started = time.perf_counter()
+        try:
+            _authorize(request, options)
+            if request.method == "POST":
+                if state["serving"] >= options.max_concurrent_requests:
+                    raise ApiError(429, f"the server is serving {state['serving']} requests, its most "
+                                   f"(--max-concurrent-requests): retry later", "overloaded")
+                state["serving"] += 1
+                try:
+                    response = await call_next(request)
+                finally:
+                    state["serving"] -= 1
+            else:
+                response = await call_next(request)
+        except ApiError as error:
+            response = _error_response(request, error)
+        # The route's own path (a client's unknown paths are one label: no label grows with the requests).
+        matched = request.scope.get("route")
+        metrics.request_done(matched.path if matched is not None else "unmatched", response.status_code,
+                             time.perf_counter() - started)
+        return response
+
+    def route(path: str, model: type[BaseModel] | None = None, **kwargs: Any) -> Callable:
+        extra = {"requestBody": {"content": {"application/json": {"schema": model.model_json_schema()}},
+                                 "required": True}} if model else None
+        return app.post(path, openapi_extra=extra, **kwargs)
+
+    async def sentences_of(request: Request, inputs: str | list[str], truncate: bool | None,
+                           direction: str = "right") -> tuple[list[str], list[list[str]]]:
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not texts:
+            raise ApiError(422, "inputs is an empty list: send at least one text", "empty")
+        if len(texts) > options.max_client_batch_size:
+            raise ApiError(413, f"{len(texts)} inputs in one request; at most {options.max_client_batch_size} "
+                           "(--max-client-batch-size): send them in several requests", "validation")
+        sentences = [split_into_words(text, embedder.tokenizer.word_tokenizer) for text in texts]
+        cut = options.auto_truncate if truncate is None else truncate
+        limit = options.max_batch_tokens
+        for index, words in enumerate(sentences):
+            if len(words) > limit:
+                if not cut:
+                    raise ApiError(413, f"input {index} has {len(words)} words; at most {limit} (--max-batch-tokens): "
+                                   "send shorter inputs, or truncate=true", "validation")
+                sentences[index] = words[-limit:] if direction.lower() == "left" else words[:limit]
+        return texts, sentences
+
+    async def computed(request: Request, sentences: list[list[str]]) -> list[np.ndarray]:
+        """The sentences' float32 word vectors from the batches; a client that goes away frees its place."""
+        work = asyncio.ensure_future(batcher.vectors(sentences))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                work.cancel()
+                raise ApiError(499, "the client closed the request", "cancelled")
+            return work.result()
+        except BatchFailed as error:
+            raise ApiError(424, f"the batch of this request failed: {error}", "backend") from None
+        finally:
+            gone.cancel()
+
+    async def embed_route(request: Request) -> JSONResponse:
+        body = await _body(request, EmbedRequest, options)
+        _, sentences = await sentences_of(request, body.inputs, body.truncate, body.truncation_direction)
+        vectors = [embedder.pooled(v) for v in await computed(request, sentences)]
+        return _json([_normalized(v) if body.normalize else v for v in vectors])
+
+    for path in ("/embed", "/", "/invocations"):
+        route(path, EmbedRequest, summary="One vector per input (TEI's /embed)",
+              name=f"embed{path.replace('/', '_')}")(embed_route)
+
+    @route("/embed_all", EmbedRequest, summary="Each input's word vectors (TEI's /embed_all)")
+    async def embed_all(request: Request) -> JSONResponse:
+        body = await _body(request, EmbedRequest, options)
+        _, sentences = await sentences_of(request, body.inputs, body.truncate, body.truncation_direction)
+        vectors = await computed(request, sentences)
+        return _json([np.moveaxis(v.astype(embedder.dtype), -2, 0) for v in vectors])
+
+    async def openai_route(request: Request) -> JSONResponse:
+        body = await _body(request, OpenAIRequest, options)
+        width = embedder.layout.token_shape[-1]
+        if body.dimensions is not None and body.dimensions != width:
+            raise ApiError(422, f"dimensions: this model's vectors have {width}; ask for those or leave it out",
+                           "validation")
+        _, sentences = await sentences_of(request, body.input, None)
+        vectors = [_normalized(embedder.pooled(v)) for v in await computed(request, sentences)]
+        data = [{"object": "embedding", "index": i, "embedding": _openai_vector(v, body.encoding_format)}
+                for i, v in enumerate(vectors)]
+        words = sum(len(s) for s in sentences)
+        return _json({"object": "list", "data": data, "model": body.model or options.model_id,
+                      "usage": {"prompt_tokens": words, "total_tokens": words}})
+
+    for path in OPENAI_ROUTES:
+        route(path, OpenAIRequest, summary="OpenAI's embeddings", name=f"openai{path.replace('/', '_')}")(
+            openai_route)
+
+    @route("/tokenize", TokenizeRequest, summary="The model's words of each input (TEI's /tokenize)")
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await _body(request, TokenizeRequest, options)
+        texts, sentences = await sentences_of(request, body.inputs, True)
+        return _json([_tokens(text, words, body.add_special_tokens, embedder.tokenizer)
+                      for text, words in zip(texts, sentences)])
+
+    @app.get("/health", summary="200 once the model is loaded and batches run")
+    async def health() -> Response:
+        if batcher._task is None or batcher._task.done():
+            raise ApiError(503, "the batches do not run", "unhealthy")
+        return Response(status_code=200)
+
+    @app.get("/ping", summary="As /health (SageMaker's)")
+    async def ping() -> Response:
+        return await health()
+
+    @app.get("/info", summary="The model, its settings and the server's limits")
+    async def info() -> JSONResponse:
+        return _json(_info(embedder, options))
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        return PlainTextResponse(metrics.exposition(batcher.queued, batcher.running, state["serving"]),
+                                 media_type=metrics.content_type)
+
+    return app
+
+
+def _same_threads() -> Callable[[], None]:
+    """An initializer giving the batches' thread torch's threads of this one (OpenMP's setting is per thread)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    return lambda: torch.set_num_threads(threads)
+
+
+async def _body(request: Request, model: type[BaseModel], options: ServeOptions) -> Any:
+    """The request's JSON body as `model`, read within `payload_limit` (413) and checked (422)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > options.payload_limit:
+        raise ApiError(413, f"the body has {declared} bytes; at most {options.payload_limit} (--payload-limit)",
+                       "validation")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > options.payload_limit:
+            raise ApiError(413, f"the body has more than {options.payload_limit} bytes (--payload-limit)",
+                           "validation")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ApiError(422, f"the body is not UTF-8 (byte {error.start}): send JSON in UTF-8", "validation") from None
+    try:
+        return model.model_validate(json.loads(text))
+    except ValueError as error:  # json's errors and pydantic's ValidationError
+        raise ApiError(422, _validation_message(error), "validation") from None
+
+
+def _validation_message(error: ValueError) -> str:
+    if not isinstance(error, ValidationError):
+        return f"the body is not JSON ({error})"
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"] if not str(part).startswith(("str", "list[")))
+    if first["type"] == "missing":
+        return f"{where} is missing"
+    return f"{where or 'the body'}: {first['msg']}".replace("Input should be", "should be")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away (after the body, the next ASGI message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _authorize(request: Request, options: ServeOptions) -> None:
+    if options.api_key is None or request.url.path in ("/health", "/ping"):
+        return
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or key != options.api_key:
+        raise ApiError(401, "no valid API key: send the header `Authorization: Bearer <key>`", "unauthorized")
+
+
+def _error_response(request: Request, error: ApiError) -> JSONResponse:
+    if request.url.path in OPENAI_ROUTES:
+        content = {"error": {"message": error.message, "type": error.error_type, "param": None,
+                             "code": str(error.status)}}
+    else:
+        content = {"error": error.message, "error_type": error.error_type}
+    return JSONResponse(content, status_code=error.status)
+
+
+def _json(content: Any) -> JSONResponse:
+    return JSONResponse(_plain(content))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32).tolist()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _normalized(vector: np.ndarray) -> np.ndarray:
+    """Unit length along the last axis (a zero vector stays zero)."""
+    vector = vector.astype(np.float32)
+    norm = np.linalg.norm(vector, axis=-1, keepdims=True)
+    return vector / np.where(norm > 0, norm, 1)
+
+
+def _openai_vector(vector: np.ndarray, encoding_format: str) -> Any:
+    flat = vector.astype("<f4").reshape(-1)
+    return base64.b64encode(flat.tobytes()).decode("ascii") if encoding_format == "base64" else flat.tolist()
+
+
+def _tokens(text: str, words: Sequence[str], special: bool, tokenizer: Any) -> list[dict[str, Any]]:
+    """TEI's tokens of one input: its words (`id`: the position), where each is in the text, and the boundaries."""
+    try:
+        spans: list[tuple[int | None, int | None]] = list(_word_spans(text, words))
+    except ValueError:  # a word tokenizer that changed a word's text
+        spans = [(None, None)] * len(words)
+    tokens = [{"text": word, "special": False, "start": start, "stop": stop}
+              for word, (start, stop) in zip(words, spans)]
+    if special:
+        tokens = [{"text": str(tokenizer.bos_token), "special": True, "start": None, "stop": None}, *tokens,
+                  {"text": str(tokenizer.eos_token), "special": True, "start": None, "stop": None}]
+    return [{"id": i, **token} for i, token in enumerate(tokens)]
+
+
+def _info(embedder: Any, options: ServeOptions) -> dict[str, Any]:
+    """TEI's `/info`, and the settings the vectors are made with."""
+    from .. import __version__
+
+    settings = embedder.settings
+    return {
+        "model_id": options.model_id, "model_sha": None, "model_dtype": settings.dtype,
+        "model_type": {"embedding": {"pooling": settings.pool or "mean"}},
+        "max_concurrent_requests": options.max_concurrent_requests, "max_input_length": options.max_batch_tokens,
+        "max_batch_tokens": options.max_batch_tokens, "max_batch_requests": None,
+        "max_client_batch_size": options.max_client_batch_size, "auto_truncate": options.auto_truncate,
+        "payload_limit": options.payload_limit, "tokenization_workers": 1, "version": __version__,
+        "settings": settings.to_dict(), "dimensions": embedder.layout.token_shape[-1],
+    }

@@ -1,0 +1,48 @@
+"""The server's Prometheus metrics (`prometheus_client`, in a registry of the app's own): requests by route and
+status, their latency, the sentences and words of each batch, and the sentences waiting for a batch."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+WORD_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class Metrics:
+    """What `/metrics` exposes: `elmo_requests_total{route,status}`, `elmo_request_duration_seconds{route}`,
+    `elmo_batch_sentences`, `elmo_batch_words` (per batch run), and now: `elmo_queue_sentences` (waiting for a
+    batch), `elmo_running_sentences` (in the batch being embedded), `elmo_serving_requests` (being served)."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("elmo_requests", "Requests answered, by route and status", ["route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("elmo_request_duration_seconds", "Seconds from a request to its answer", ["route"],
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_sentences = Histogram("elmo_batch_sentences", "Sentences per batch", buckets=SENTENCE_BUCKETS,
+                                         registry=self.registry)
+        self.batch_words = Histogram("elmo_batch_words", "Words per batch", buckets=WORD_BUCKETS,
+                                     registry=self.registry)
+        self.queue = Gauge("elmo_queue_sentences", "Sentences waiting for a batch", registry=self.registry)
+        self.running = Gauge("elmo_running_sentences", "Sentences of the batch being embedded",
+                             registry=self.registry)
+        self.serving = Gauge("elmo_serving_requests", "Requests being served", registry=self.registry)
+
+    def request_done(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def batch_done(self, sentences: int, words: int) -> None:
+        self.batch_sentences.observe(sentences)
+        self.batch_words.observe(words)
+
+    def exposition(self, queued: int, running: int, serving: int) -> bytes:
+        self.queue.set(queued)
+        self.running.set(running)
+        self.serving.set(serving)
+        return generate_latest(self.registry)

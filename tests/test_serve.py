@@ -1,0 +1,445 @@
+"""`elmo serve` against real server processes on 127.0.0.1: the clients people use (huggingface_hub's
+InferenceClient, openai's) get the library's vectors; TEI's routes and shapes; requests batched together; every limit
+and fault answered in one JSON line with its status (401, 413, 422, 429, 424), a client that goes away freeing its
+place, SIGTERM answering what is held; memory flat over many requests. On Ray Serve (`--ray`): a local cluster that
+listens on loopback only and is gone with the server; on two nodes, requests spread over the replicas, one replica
+killed mid-load, the other answering, every answer its own input's vector.
+
+A server whose batches a test must hold or make fail is `tests/serve_app.py` (the same app, its batches' work
+wrapped: a gate file, and a batch with the word FAIL fails); every server is ended with its test (`processes`)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+from processes import Processes, session_processes
+from ray_clusters import RAY_ENV, ray_environment, two_nodes
+
+from hf_elmo.embed import ElmoEmbedder
+from hf_elmo.text import split_into_words
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+SERVE_APP = Path(__file__).with_name("serve_app.py")
+TEXTS = ["The bank raised rates.", "We sat on the river bank .", "", "café au lait", "a " * 30]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def started(processes: Processes, command: list, env: dict | None = None, timeout: float = 180) -> str:
+    """A server process of `command` (its port in the URL it is given), once /health answers; its URL."""
+    port = free_port()
+    command = [str(part).replace("{port}", str(port)) for part in command]
+    process = processes.start(command, env=env or ENV)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"the server ended ({process.returncode}): {process.communicate()[1][-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return url
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.1)
+
+
+def elmo_serve(model: object, *options: object) -> list:
+    return [sys.executable, "-m", "elmo_cli", "serve", model, "--port", "{port}", *options]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    """`elmo serve` of the tiny model, for the module."""
+    processes = Processes()
+    try:
+        yield started(processes, elmo_serve(tiny_model_dir, "--max-client-batch-size", 8, "--payload-limit", 20_000,
+                                            "--max-batch-tokens", 40))
+    finally:
+        processes.end()
+
+
+@pytest.fixture(scope="module")
+def library(tiny_model_dir):
+    """What the library gives: per text its `/embed` vector (unnormalised) and its word vectors."""
+    embedder = ElmoEmbedder(tiny_model_dir, layers="average", pool="mean")
+    words = embedder.with_settings(pool=None)
+
+    def vectors(text: str) -> tuple[np.ndarray, np.ndarray]:
+        sentence = split_into_words(text, embedder.tokenizer.word_tokenizer)
+        return embedder.embed_sentence(sentence), words.embed_sentence(sentence)
+
+    return vectors
+
+
+def unit(vector: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(vector)
+    return vector / norm if norm else vector
+
+
+def post(url: str, path: str, body: object, **options) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json",
+                                                                **options.pop("headers", {})}, timeout=60, **options)
+
+
+def one_line_error(response: httpx.Response, status: int, error_type: str, openai: bool = False) -> str:
+    assert response.status_code == status, (response.status_code, response.text)
+    assert "\n" not in response.text
+    body = response.json()
+    if openai:
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["type"] == error_type
+        return body["error"]["message"]
+    assert set(body) == {"error", "error_type"} and body["error_type"] == error_type, body
+    return body["error"]
+
+
+def test_the_clients_people_use_get_the_librarys_vectors(server, library):
+    from huggingface_hub import InferenceClient
+    from openai import OpenAI
+
+    expected = [library(text) for text in TEXTS]
+    vectors = InferenceClient(base_url=server).feature_extraction(TEXTS)
+    assert vectors.shape == (len(TEXTS), 16)
+    for got, (pooled, _) in zip(vectors, expected):
+        np.testing.assert_allclose(got, unit(pooled), atol=1e-5, rtol=0)
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    for encoding in ("float", "base64"):
+        answer = client.embeddings.create(input=TEXTS, model="elmo", encoding_format=encoding)
+        assert [item.index for item in answer.data] == list(range(len(TEXTS))) and answer.model == "elmo"
+        for item, (pooled, _) in zip(answer.data, expected):
+            got = item.embedding if encoding == "float" else np.frombuffer(base64.b64decode(item.embedding), "<f4")
+            np.testing.assert_allclose(np.asarray(got, dtype=np.float32), unit(pooled), atol=1e-5, rtol=0)
+    words = sum(len(split_into_words(t, None)) for t in TEXTS)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == words
+
+
+def test_teis_routes_and_shapes(server, library):
+    pooled, words = library(TEXTS[0])
+    for path in ("/embed", "/", "/invocations"):
+        answer = post(server, path, {"inputs": TEXTS[0], "normalize": False})
+        assert answer.status_code == 200
+        np.testing.assert_allclose(np.array(answer.json()), [pooled], atol=1e-5, rtol=0)
+    answer = post(server, "/embed_all", {"inputs": [TEXTS[0], TEXTS[2]]}).json()
+    np.testing.assert_allclose(np.array(answer[0]), words, atol=1e-5, rtol=0)
+    assert answer[1] == []
+    tokens = post(server, "/tokenize", {"inputs": "The bank, rose."}).json()[0]
+    assert [(t["text"], t["special"], t["start"], t["stop"]) for t in tokens] == [
+        ("<S>", True, None, None), ("The", False, 0, 3), ("bank", False, 4, 8), (",", False, 8, 9),
+        ("rose", False, 10, 14), (".", False, 14, 15), ("</S>", True, None, None)]
+    info = httpx.get(f"{server}/info").json()
+    assert info["max_client_batch_size"] == 8 and info["max_batch_tokens"] == 40 and info["settings"]["pool"] == "mean"
+    assert httpx.get(f"{server}/ping").status_code == 200 and httpx.get(f"{server}/docs").status_code == 200
+    metrics = httpx.get(f"{server}/metrics").text
+    assert 'elmo_requests_total{route="/embed",status="200"}' in metrics and "elmo_batch_words_bucket" in metrics
+
+
+def test_bad_requests_are_one_json_line_with_their_status(server):
+    assert "8 inputs" not in one_line_error(post(server, "/embed", {"inputs": ["a"] * 9}), 413, "validation")
+    assert one_line_error(post(server, "/embed", {"inputs": ["a"] * 9}), 413, "validation").startswith(
+        "9 inputs in one request; at most 8 (--max-client-batch-size)")
+    assert "--payload-limit" in one_line_error(post(server, "/embed", {"inputs": "a" * 30_000}), 413, "validation")
+    long = " ".join(["word"] * 41)
+    assert one_line_error(post(server, "/embed", {"inputs": long}), 413, "validation").startswith(
+        "input 0 has 41 words; at most 40 (--max-batch-tokens)")
+    assert post(server, "/embed", {"inputs": long, "truncate": True}).status_code == 200
+    for body, message in ((b"{not json", "the body is not JSON"), (b'{"inputs": "caf\xe9"}', "the body is not UTF-8"),
+                          ({"text": "a"}, "inputs is missing"), ({"inputs": 3}, "inputs"),
+                          ({"inputs": ["a", 3]}, "inputs"), ({"inputs": []}, "inputs is an empty list")):
+        error_type = "empty" if body == {"inputs": []} else "validation"
+        assert message in one_line_error(post(server, "/embed", body), 422, error_type)
+    message = one_line_error(post(server, "/v1/embeddings", {"input": [[1, 2]]}), 422, "validation", openai=True)
+    assert message.startswith("input")
+    assert httpx.get(f"{server}/nowhere").status_code == 404
+
+
+@pytest.fixture
+def held(tmp_path, tiny_model_dir, processes):
+    """`held(**options)`: a `serve_app.py` server whose batches wait while its gate file exists; (url, gate)."""
+
+    def start(**options) -> tuple[str, Path]:
+        gate = tmp_path / f"gate-{len(processes.started)}"
+        url = started(processes, [sys.executable, SERVE_APP, tiny_model_dir, "{port}", json.dumps(options)],
+                      env={**ENV, "ELMO_TEST_GATE": str(gate)})
+        return url, gate
+
+    return start
+
+
+def gauge(url: str, name: str) -> float:
+    """A gauge of /metrics (`elmo_queue_sentences`: waiting for a batch; `elmo_running_sentences`: in the batch
+    being embedded)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name}")
+
+
+def queued(url: str) -> float:
+    return gauge(url, "elmo_queue_sentences")
+
+
+def running(url: str) -> float:
+    return gauge(url, "elmo_running_sentences")
+
+
+def batches(url: str) -> tuple[float, float]:
+    """(batches run, their sentences), as /metrics says."""
+    found = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(("elmo_batch_sentences_count ", "elmo_batch_sentences_sum ")):
+            found[line.split()[0]] = float(line.split()[1])
+    return found.get("elmo_batch_sentences_count", 0.0), found.get("elmo_batch_sentences_sum", 0.0)
+
+
+def wait_until(condition, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return value
+
+
+async def concurrently(url: str, bodies: list[dict], path: str = "/embed") -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        return await asyncio.gather(*(client.post(path, json=body) for body in bodies))
+
+
+def test_concurrent_requests_are_batched_together_and_each_gets_its_own_vectors(held, library):
+    """The first batch held: the others queue, then run as one batch; every answer is its own input's vectors."""
+    url, gate = held(max_batch_tokens=4096)
+    gate.touch()
+    texts = [f"sentence {i} with {'more ' * (i % 7)}words" for i in range(12)]
+
+    async def run() -> list[httpx.Response]:
+        first = asyncio.ensure_future(concurrently(url, [{"inputs": texts[0], "normalize": False}]))
+        await asyncio.to_thread(wait_until, lambda: running(url) == 1)  # held in the first batch
+        rest = asyncio.ensure_future(concurrently(url, [{"inputs": t, "normalize": False} for t in texts[1:]]))
+        await asyncio.to_thread(wait_until, lambda: queued(url) == len(texts) - 1)
+        gate.unlink()
+        return [*(await first), *(await rest)]
+
+    answers = asyncio.run(run())
+    assert batches(url) == (2.0, 12.0)  # the held one, then the 11 that queued meanwhile, together
+    for text, answer in zip(texts, answers):
+        np.testing.assert_allclose(np.array(answer.json()[0]), library(text)[0], atol=1e-5, rtol=0)
+
+
+def test_over_the_concurrent_requests_429_at_once_and_a_client_that_goes_away_frees_its_place(held):
+    """Three places: two requests held in the batches and one raw client take them; a fourth gets 429 at once. The
+    raw client goes away: its sentence leaves the queue and its place takes a new request."""
+    url, gate = held(max_concurrent_requests=3)
+    gate.touch()
+
+    async def run() -> None:
+        held_requests = asyncio.ensure_future(concurrently(url, [{"inputs": "one"}, {"inputs": "two"}]))
+        await asyncio.to_thread(wait_until, lambda: running(url) + queued(url) == 2)
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as raw:
+            body = b'{"inputs": "gone"}'
+            raw.sendall(b"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+                        + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await asyncio.to_thread(wait_until, lambda: running(url) + queued(url) == 3)
+            started_at = time.monotonic()
+            over = await concurrently(url, [{"inputs": "four"}])
+            assert time.monotonic() - started_at < 5
+            assert "its most (--max-concurrent-requests)" in one_line_error(over[0], 429, "overloaded")
+        await asyncio.to_thread(wait_until, lambda: running(url) + queued(url) == 2)
+        after = asyncio.ensure_future(concurrently(url, [{"inputs": "after"}]))
+        await asyncio.to_thread(wait_until, lambda: running(url) + queued(url) == 3)
+        gate.unlink()
+        assert [r.status_code for r in [*(await held_requests), *(await after)]] == [200, 200, 200]
+
+    asyncio.run(run())
+    assert batches(url)[1] == 3.0  # "gone" was dropped from the queue: one, then two and after
+
+
+def test_a_failing_batch_fails_its_requests_with_424_and_the_server_goes_on(held):
+    url, _ = held()
+    answer = post(url, "/embed", {"inputs": ["fine", "this will FAIL here"]})
+    assert one_line_error(answer, 424, "backend") == ("the batch of this request failed: a batch that fails (FAIL in "
+                                                      "it)")
+    message = one_line_error(post(url, "/v1/embeddings", {"input": "FAIL"}), 424, "backend", openai=True)
+    assert message.startswith("the batch of this request failed")
+    assert post(url, "/embed", {"inputs": "fine again"}).status_code == 200
+
+
+def test_with_an_api_key_nothing_is_computed_without_it(tiny_model_dir, processes):
+    url = started(processes, elmo_serve(tiny_model_dir, "--api-key", "s3cret"))
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        one_line_error(post(url, "/embed", {"inputs": "a"}, headers=headers), 401, "unauthorized")
+        one_line_error(post(url, "/v1/embeddings", {"input": "a"}, headers=headers), 401, "unauthorized", openai=True)
+    assert httpx.get(f"{url}/health").status_code == 200  # probes stay open
+    metrics = httpx.get(f"{url}/metrics", headers={"authorization": "Bearer s3cret"}).text
+    assert "elmo_batch_sentences_count 0.0" in metrics
+    assert post(url, "/embed", {"inputs": "a"}, headers={"authorization": "Bearer s3cret"}).status_code == 200
+    server = processes.started[-1]
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0  # `elmo serve`'s normal stop
+    assert f"serving {tiny_model_dir} on http://127.0.0.1:{url.rsplit(':', 1)[1]}" in server.stderr.read()
+
+
+def test_sigterm_stops_taking_requests_answers_those_held_then_exits(held, processes):
+    url, gate = held()
+    gate.touch()
+    server = processes.started[-1]
+
+    async def run() -> list[httpx.Response]:
+        pending = asyncio.ensure_future(concurrently(url, [{"inputs": "held one"}, {"inputs": "held two"}]))
+        await asyncio.to_thread(wait_until, lambda: running(url) + queued(url) == 2)
+        server.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(wait_until, lambda: _refused(url))
+        gate.unlink()
+        return await pending
+
+    assert [answer.status_code for answer in asyncio.run(run())] == [200, 200]
+    assert server.wait(timeout=60) == 0
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+    except httpx.TransportError:
+        return True
+    return False
+
+
+def test_memory_stays_flat_over_many_requests(server):
+    """After a warm-up, 1,500 more requests of new words add no memory that grows with them (the caches are
+    bounded)."""
+    pid = next(p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "serve" in p.info["cmdline"]
+               and str(server.rsplit(":", 1)[1]) in p.info["cmdline"])
+    process = psutil.Process(pid)
+
+    async def run(start: int, count: int) -> None:
+        async with httpx.AsyncClient(base_url=server, timeout=60) as client:
+            for first in range(start, start + count, 50):
+                answers = await asyncio.gather(*(client.post("/embed", json={"inputs": f"w{i} x{i % 97} y{i * 7}"})
+                                                 for i in range(first, first + 50)))
+                assert {a.status_code for a in answers} == {200}
+
+    asyncio.run(run(0, 500))
+    before = process.memory_info().rss
+    asyncio.run(run(500, 1500))
+    assert process.memory_info().rss - before < 30 << 20, (before, process.memory_info().rss)
+
+
+# -- on Ray Serve ---------------------------------------------------------------------------------------------------
+
+RAY_SERVE_ENV = {**ENV, **RAY_ENV}
+
+
+def listening(leader: int) -> set[tuple[str, str, int]]:
+    """(process name, address, port) of each socket the processes of the session `leader` listen on."""
+    return {(member.name(), connection.laddr.ip, connection.laddr.port) for member in session_processes(leader)
+            for connection in member.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN}
+
+
+def loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+@pytest.mark.xdist_group("ray")
+def test_on_a_local_ray_serve_cluster_every_socket_is_on_loopback_and_sigterm_leaves_nothing(tiny_model_dir,
+                                                                                           processes, library):
+    """`elmo serve --ray` without an address: its cluster's GCS, raylet, Serve's controller, proxy and replicas
+    (and the replicas' own gRPC servers) listen on loopback, the serving port among them; answers are the library's;
+    SIGTERM: exit 0, no process left."""
+    url = started(processes, elmo_serve(tiny_model_dir, "--ray", "--replicas", 1), env=RAY_SERVE_ENV, timeout=240)
+    driver = processes.started[-1]
+    answer = post(url, "/embed", {"inputs": TEXTS[0], "normalize": False})
+    np.testing.assert_allclose(np.array(answer.json()[0]), library(TEXTS[0])[0], atol=1e-5, rtol=0)
+    sockets = listening(driver.pid)
+    names = {name for name, _, _ in sockets}
+    assert {"gcs_server", "raylet"} <= names and any(name.startswith("ray::ServeRepli") for name in names), sockets
+    assert int(url.rsplit(":", 1)[1]) in {port for _, _, port in sockets}
+    assert all(loopback(ip) for _, ip, _ in sockets), sorted(sockets)
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=120) == 0, driver.stderr.read()
+    deadline = time.monotonic() + 60
+    while session_processes(driver.pid):
+        assert time.monotonic() < deadline, [p.name() for p in session_processes(driver.pid)]
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_environment(), two_nodes() as address:
+        yield address
+
+
+def replicas_alive() -> list:
+    """The live replica actors of the app (Ray's own record of its actors), as handles."""
+    import ray
+    from ray._private import state
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    return [ray.get_actor(actor["Name"], namespace=SERVE_NAMESPACE) for actor in state.actors().values()
+            if actor["ActorClassName"] == "ServeReplica:elmo:elmo" and actor["State"] == "ALIVE"]
+
+
+@pytest.mark.xdist_group("ray")
+def test_on_two_nodes_requests_spread_and_a_replica_killed_mid_load_loses_no_ones_vectors(cluster, tiny_model_dir,
+                                                                                         processes, library):
+    """Two replicas, one a node, each taking 4 requests at once (Serve's proxy prefers its node's replica until it is
+    full): 8 clients send 480 requests of distinct texts; after 120 answers one replica is killed. Both replicas
+    answered before; every answer of 200 is its own input's vector; at most the requests in flight on the killed
+    replica fail, and the other replica (then the one Serve starts again) answers the rest."""
+    import ray
+
+    url = started(processes, elmo_serve(tiny_model_dir, "--ray", "--ray-address", cluster, "--replicas", 2,
+                                             "--max-concurrent-requests", 4),
+                  env=RAY_SERVE_ENV, timeout=240)
+    texts = [f"request {i} about {i % 11} banks and {i % 7} rivers" for i in range(480)]
+    expected = {text: library(text)[0] for text in texts}
+    answers: dict[int, tuple[int, str | None, list | None]] = {}
+    killed: list[float] = []
+
+    async def client(worker: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as session:
+            for i in range(worker, len(texts), 8):
+                response = await session.post("/embed", json={"inputs": texts[i], "normalize": False})
+                answers[i] = (response.status_code, response.headers.get("x-elmo-replica"),
+                              response.json() if response.status_code == 200 else None)
+                if len(answers) == 120 and not killed:
+                    replica = replicas_alive()[0]
+                    ray.kill(replica, no_restart=True)
+                    killed.append(len(answers))
+
+    async def load() -> None:
+        await asyncio.gather(*(client(worker) for worker in range(8)))
+
+    asyncio.run(load())
+    assert killed
+    before = {replica for status, replica, _ in list(answers.values())[:120] if status == 200}
+    assert len(before) == 2, before
+    for i, (status, _, vectors) in answers.items():
+        if status == 200:
+            np.testing.assert_allclose(np.array(vectors[0]), expected[texts[i]], atol=1e-5, rtol=0)
+    failed = [status for status, _, _ in answers.values() if status != 200]
+    assert len(failed) <= 8, failed  # at most the requests in flight on the killed replica
+    late = [answers[i][0] for i in sorted(answers)[-240:]]
+    assert late.count(200) >= 232, late
+    driver = processes.started[-1]
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=120) == 0, driver.stderr.read()
+    assert not replicas_alive()  # the app deleted; Serve stays, the cluster's own
