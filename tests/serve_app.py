@@ -18,12 +18,13 @@ from pathlib import Path
 def main() -> None:
     from hf_elmo.embed import ElmoEmbedder, EmbedSettings
     from hf_elmo.serve import SERVE_SETTINGS, ServeOptions, create_app
+    from hf_elmo.serve.app import batch_work
     from hf_elmo.serve.server import run
 
     model, port = sys.argv[1], int(sys.argv[2])
     options = ServeOptions(port=port, **(json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}))
     embedder = ElmoEmbedder(model, settings=EmbedSettings(**SERVE_SETTINGS))
-    words_embedder = embedder.with_settings(pool=None, dtype="float32")
+    work = batch_work(embedder)
     gate = Path(os.environ["ELMO_TEST_GATE"])
 
     def embed(sentences):
@@ -31,7 +32,7 @@ def main() -> None:
             time.sleep(0.02)
         if any("FAIL" in words for words in sentences):
             raise RuntimeError("a batch that fails (FAIL in it)")
-        return list(words_embedder.embed_sentences(sentences))
+        return work(sentences)
 
     app = create_app(embedder, options, embed=embed)
     run(app, options)

@@ -25,9 +25,11 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.datastructures import Headers
 
 from ..text import split_into_words
 from ..tokenization_elmo import _word_spans
@@ -78,12 +80,11 @@ class TokenizeRequest(BaseModel):
 
 def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = None) -> FastAPI:
     """The app serving `embedder` (an `ElmoEmbedder`; its settings give `/embed`'s vector, its layers `/embed_all`'s)
-    within `options`. `embed` (sentences → their float32 word vectors, run on the batches' thread) replaces the
-    embedder's own for the batches (tests use it to make a batch fail)."""
-    words_embedder = embedder.with_settings(pool=None, dtype="float32")
+    within `options`. `embed` (`batch_work(embedder)`'s kind of function) replaces it for the batches (tests wrap
+    it to hold a batch or make one fail)."""
     metrics = Metrics()
-    batcher = Batcher(embed or (lambda sentences: list(words_embedder.embed_sentences(sentences))),
-                      options.max_batch_tokens, metrics.batch_done, initializer=_same_threads())
+    batcher = Batcher(embed or batch_work(embedder), options.max_batch_tokens, metrics.batch_done,
+                      initializer=_same_threads())
     state = {"serving": 0}
 
     @asynccontextmanager
@@ -96,33 +97,10 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
     app.state.metrics, app.state.batcher = metrics, batcher
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        return _error_response(request, error)
+    async def api_error(request: Request, error: ApiError) -> Response:
+        return _error_response(request.url.path, error)
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next: Callable) -> Response:
-        """Authorization, the slot a request takes, and its metrics, around every route."""
-        started = time.perf_counter()
-        try:
-            _authorize(request, options)
-            if request.method == "POST":
-                if state["serving"] >= options.max_concurrent_requests:
-                    raise ApiError(429, f"the server is serving {state['serving']} requests, its most "
-                                   f"(--max-concurrent-requests): retry later", "overloaded")
-                state["serving"] += 1
-                try:
-                    response = await call_next(request)
-                finally:
-                    state["serving"] -= 1
-            else:
-                response = await call_next(request)
-        except ApiError as error:
-            response = _error_response(request, error)
-        # The route's own path (a client's unknown paths are one label: no label grows with the requests).
-        matched = request.scope.get("route")
-        metrics.request_done(matched.path if matched is not None else "unmatched", response.status_code,
-                             time.perf_counter() - started)
-        return response
+    app.add_middleware(Guard, options=options, metrics=metrics, state=state)
 
     def route(path: str, model: type[BaseModel] | None = None, **kwargs: Any) -> Callable:
         extra = {"requestBody": {"content": {"application/json": {"schema": model.model_json_schema()}},
@@ -148,8 +126,9 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
                 sentences[index] = words[-limit:] if direction.lower() == "left" else words[:limit]
         return texts, sentences
 
-    async def computed(request: Request, sentences: list[list[str]]) -> list[np.ndarray]:
-        """The sentences' float32 word vectors from the batches; a client that goes away frees its place."""
+    async def computed(request: Request, sentences: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per sentence its float32 word vectors and its vector (`batch_work`), from the batches; a client that goes
+        away frees its place."""
         work = asyncio.ensure_future(batcher.vectors(sentences))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -163,31 +142,31 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
         finally:
             gone.cancel()
 
-    async def embed_route(request: Request) -> JSONResponse:
+    async def embed_route(request: Request) -> Response:
         body = await _body(request, EmbedRequest, options)
         _, sentences = await sentences_of(request, body.inputs, body.truncate, body.truncation_direction)
-        vectors = [embedder.pooled(v) for v in await computed(request, sentences)]
-        return _json([_normalized(v) if body.normalize else v for v in vectors])
+        vectors = [pooled for _, pooled in await computed(request, sentences)]
+        return _json([_normalized(v) if body.normalize else _floats(v) for v in vectors])
 
     for path in ("/embed", "/", "/invocations"):
         route(path, EmbedRequest, summary="One vector per input (TEI's /embed)",
               name=f"embed{path.replace('/', '_')}")(embed_route)
 
     @route("/embed_all", EmbedRequest, summary="Each input's word vectors (TEI's /embed_all)")
-    async def embed_all(request: Request) -> JSONResponse:
+    async def embed_all(request: Request) -> Response:
         body = await _body(request, EmbedRequest, options)
         _, sentences = await sentences_of(request, body.inputs, body.truncate, body.truncation_direction)
-        vectors = await computed(request, sentences)
-        return _json([np.moveaxis(v.astype(embedder.dtype), -2, 0) for v in vectors])
+        vectors = [words for words, _ in await computed(request, sentences)]
+        return _json([_floats(np.moveaxis(v.astype(embedder.dtype), -2, 0)) for v in vectors])
 
-    async def openai_route(request: Request) -> JSONResponse:
+    async def openai_route(request: Request) -> Response:
         body = await _body(request, OpenAIRequest, options)
         width = embedder.layout.token_shape[-1]
         if body.dimensions is not None and body.dimensions != width:
             raise ApiError(422, f"dimensions: this model's vectors have {width}; ask for those or leave it out",
                            "validation")
         _, sentences = await sentences_of(request, body.input, None)
-        vectors = [_normalized(embedder.pooled(v)) for v in await computed(request, sentences)]
+        vectors = [_normalized(pooled) for _, pooled in await computed(request, sentences)]
         data = [{"object": "embedding", "index": i, "embedding": _openai_vector(v, body.encoding_format)}
                 for i, v in enumerate(vectors)]
         words = sum(len(s) for s in sentences)
@@ -199,7 +178,7 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
             openai_route)
 
     @route("/tokenize", TokenizeRequest, summary="The model's words of each input (TEI's /tokenize)")
-    async def tokenize(request: Request) -> JSONResponse:
+    async def tokenize(request: Request) -> Response:
         body = await _body(request, TokenizeRequest, options)
         texts, sentences = await sentences_of(request, body.inputs, True)
         return _json([_tokens(text, words, body.add_special_tokens, embedder.tokenizer)
@@ -207,7 +186,7 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
 
     @app.get("/health", summary="200 once the model is loaded and batches run")
     async def health() -> Response:
-        if batcher._task is None or batcher._task.done():
+        if not batcher.alive:
             raise ApiError(503, "the batches do not run", "unhealthy")
         return Response(status_code=200)
 
@@ -216,7 +195,7 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
         return await health()
 
     @app.get("/info", summary="The model, its settings and the server's limits")
-    async def info() -> JSONResponse:
+    async def info() -> Response:
         return _json(_info(embedder, options))
 
     @app.get("/metrics", summary="Prometheus metrics")
@@ -225,6 +204,55 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
                                  media_type=metrics.content_type)
 
     return app
+
+
+class Guard:
+    """Around every request (a plain ASGI middleware, no task of its own): the API key (401), the place a POST takes
+    among `max_concurrent_requests` (429 past them, at once), and the request's metrics by its route's path (a
+    client's unknown paths one label: no label grows with the requests)."""
+
+    def __init__(self, app: Any, options: ServeOptions, metrics: Metrics, state: dict[str, int]):
+        self.app, self.options, self.metrics, self.state = app, options, metrics, state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), 500
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            _authorize(scope, self.options)
+            if scope["method"] != "POST":
+                await self.app(scope, receive, sending)
+            elif self.state["serving"] >= self.options.max_concurrent_requests:
+                raise ApiError(429, f"the server is serving {self.state['serving']} requests, its most "
+                               "(--max-concurrent-requests): retry later", "overloaded")
+            else:
+                self.state["serving"] += 1
+                try:
+                    await self.app(scope, receive, sending)
+                finally:
+                    self.state["serving"] -= 1
+        except ApiError as error:
+            await _error_response(scope["path"], error)(scope, receive, sending)
+        route = scope.get("route")
+        self.metrics.request_done(route.path if route is not None else "unmatched", status,
+                                  time.perf_counter() - started)
+
+
+def batch_work(embedder: Any) -> Callable[[list[Sequence[str]]], list[tuple[np.ndarray, np.ndarray]]]:
+    """What a batch runs: sentences → per sentence its float32 word vectors (`embedder`'s layers) and its vector
+    (`embedder.pooled`). All of torch's work runs here, on the batches' thread: a second thread running torch ops
+    (the event loop's) would start a second OpenMP team, whose threads and the batches' spin against each other
+    (a one-sentence request twice as slow on two cores; docs/serving.md)."""
+    words_embedder = embedder.with_settings(pool=None, dtype="float32")
+    return lambda sentences: [(vectors, embedder.pooled(vectors))
+                              for vectors in words_embedder.embed_sentences(sentences)]
 
 
 def _same_threads() -> Callable[[], None]:
@@ -275,47 +303,44 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def _authorize(request: Request, options: ServeOptions) -> None:
-    if options.api_key is None or request.url.path in ("/health", "/ping"):
+def _authorize(scope: dict, options: ServeOptions) -> None:
+    if options.api_key is None or scope["path"] in ("/health", "/ping"):
         return
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    scheme, _, key = Headers(scope=scope).get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or key != options.api_key:
         raise ApiError(401, "no valid API key: send the header `Authorization: Bearer <key>`", "unauthorized")
 
 
-def _error_response(request: Request, error: ApiError) -> JSONResponse:
-    if request.url.path in OPENAI_ROUTES:
+def _error_response(path: str, error: ApiError) -> Response:
+    if path in OPENAI_ROUTES:
         content = {"error": {"message": error.message, "type": error.error_type, "param": None,
                              "code": str(error.status)}}
     else:
         content = {"error": error.message, "error_type": error.error_type}
-    return JSONResponse(content, status_code=error.status)
+    return _json(content, error.status)
 
 
-def _json(content: Any) -> JSONResponse:
-    return JSONResponse(_plain(content))
+def _json(content: Any, status: int = 200) -> Response:
+    """`content` as JSON (orjson: its arrays as float32 numbers, each the shortest text that reads back the same)."""
+    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
+                    media_type="application/json")
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.astype(np.float32).tolist()
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
+def _floats(array: np.ndarray) -> np.ndarray:
+    """`array` as JSON takes it: float32, C-contiguous."""
+    return np.ascontiguousarray(array, dtype=np.float32)
 
 
 def _normalized(vector: np.ndarray) -> np.ndarray:
-    """Unit length along the last axis (a zero vector stays zero)."""
-    vector = vector.astype(np.float32)
+    """Unit length along the last axis (a zero vector stays zero), float32."""
+    vector = _floats(vector)
     norm = np.linalg.norm(vector, axis=-1, keepdims=True)
     return vector / np.where(norm > 0, norm, 1)
 
 
 def _openai_vector(vector: np.ndarray, encoding_format: str) -> Any:
     flat = vector.astype("<f4").reshape(-1)
-    return base64.b64encode(flat.tobytes()).decode("ascii") if encoding_format == "base64" else flat.tolist()
+    return base64.b64encode(flat.tobytes()).decode("ascii") if encoding_format == "base64" else _floats(flat)
 
 
 def _tokens(text: str, words: Sequence[str], special: bool, tokenizer: Any) -> list[dict[str, Any]]:

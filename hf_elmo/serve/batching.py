@@ -2,6 +2,11 @@
 `max_batch_tokens` words, run one batch at a time on a thread of their own (off the event loop), each request answered
 as soon as the batch holding its last sentence is done.
 
+After a batch, the next waits (a tenth of that batch's time at most) until as many sentences are queued as that batch
+held: the clients it answered send their next requests meanwhile. Without it, clients that each wait for their answer
+split into two halves taking turns, each batch half as large and the throughput far lower (`bench_serve.py`); a lone
+request (its last batch held one sentence) never waits.
+
 A request whose client went away before its sentences were batched is dropped from the queue; a batch that fails
 fails the requests it holds (`BatchFailed`) and the next batch runs.
 """
@@ -9,6 +14,8 @@ fails the requests it holds (`BatchFailed`) and the next batch runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +43,7 @@ class _Request:
 
 class Batcher:
     """Batches across requests for `embed` (sentences → per sentence its vectors, run on one thread of its own).
-    `on_batch(sentences, words)` is called after each batch (the metrics)."""
+    `on_batch(sentences, words, seconds)` is called after each batch that ran (the metrics)."""
 
     def __init__(self, embed: Callable[[list[Sequence[str]]], list[np.ndarray]], max_batch_tokens: int,
                  on_batch: Callable[[int, int], Any] | None = None, initializer: Callable[[], Any] | None = None):
@@ -56,6 +63,11 @@ class Batcher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self.executor.shutdown(wait=True)
+
+    @property
+    def alive(self) -> bool:
+        """Whether batches run (started, not stopped)."""
+        return self._task is not None and not self._task.done()
 
     @property
     def queued(self) -> int:
@@ -92,6 +104,15 @@ class Batcher:
             words += size
         return batch
 
+    async def _gathered(self, sentences: int, seconds: float) -> None:
+        """Returns once `sentences` are queued, or after `seconds`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self.queued < sentences and (left := deadline - loop.time()) > 0:
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), left)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -99,7 +120,7 @@ class Batcher:
             self._wake.clear()
             while batch := self._next_batch():
                 sentences = [request.sentences[index] for request, index in batch]
-                self.running = len(sentences)
+                self.running, started = len(sentences), time.perf_counter()
                 try:
                     vectors = await loop.run_in_executor(self.executor, self.embed, sentences)
                 except Exception as error:  # any failure of the batch fails its requests, never the server
@@ -115,5 +136,7 @@ class Batcher:
                     request.left -= 1
                     if request.left == 0 and not request.future.done():
                         request.future.set_result(request.vectors)
+                seconds = time.perf_counter() - started
                 if self.on_batch is not None:
-                    self.on_batch(len(sentences), sum(len(s) for s in sentences))
+                    self.on_batch(len(sentences), sum(len(s) for s in sentences), seconds)
+                await self._gathered(len(sentences), seconds / 10)

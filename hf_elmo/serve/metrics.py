@@ -1,5 +1,5 @@
 """The server's Prometheus metrics (`prometheus_client`, in a registry of the app's own): requests by route and
-status, their latency, the sentences and words of each batch, and the sentences waiting for a batch."""
+status, their latency, the sentences, words and seconds of each batch, and the sentences waiting for a batch."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ WORD_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 class Metrics:
     """What `/metrics` exposes: `elmo_requests_total{route,status}`, `elmo_request_duration_seconds{route}`,
-    `elmo_batch_sentences`, `elmo_batch_words` (per batch run), and now: `elmo_queue_sentences` (waiting for a
-    batch), `elmo_running_sentences` (in the batch being embedded), `elmo_serving_requests` (being served)."""
+    `elmo_batch_sentences`, `elmo_batch_words`, `elmo_batch_duration_seconds` (per batch run), and now:
+    `elmo_queue_sentences` (waiting for a batch), `elmo_running_sentences` (in the batch being embedded),
+    `elmo_serving_requests` (being served)."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -28,6 +29,8 @@ class Metrics:
                                          registry=self.registry)
         self.batch_words = Histogram("elmo_batch_words", "Words per batch", buckets=WORD_BUCKETS,
                                      registry=self.registry)
+        self.batch_seconds = Histogram("elmo_batch_duration_seconds", "Seconds of a batch's embedding",
+                                       buckets=LATENCY_BUCKETS, registry=self.registry)
         self.queue = Gauge("elmo_queue_sentences", "Sentences waiting for a batch", registry=self.registry)
         self.running = Gauge("elmo_running_sentences", "Sentences of the batch being embedded",
                              registry=self.registry)
@@ -37,9 +40,10 @@ class Metrics:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def batch_done(self, sentences: int, words: int) -> None:
+    def batch_done(self, sentences: int, words: int, seconds: float) -> None:
         self.batch_sentences.observe(sentences)
         self.batch_words.observe(words)
+        self.batch_seconds.observe(seconds)
 
     def exposition(self, queued: int, running: int, serving: int) -> bytes:
         self.queue.set(queued)
