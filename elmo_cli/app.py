@@ -723,8 +723,10 @@ def serve(
     options = package_serving.ServeOptions(hostname, port, api_key, max_batch_tokens, max_client_batch_size,
                                            max_concurrent_requests, payload_limit, auto_truncate, model)
     with _embed_errors():
-        require("fastapi", "elmo serve needs")
-        require("uvicorn", "elmo serve needs")
+        for module in ("fastapi", "uvicorn", "prometheus_client", "orjson"):
+            require(module, "elmo serve needs")
+        if ray:
+            require("ray.serve", "elmo serve --ray needs")
         settings = _settings(ctx.params, layers.value, device)
         if ray:
             from hf_elmo.serve.ray_serve import ServeError, serve_on_ray

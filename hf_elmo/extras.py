@@ -15,7 +15,8 @@ from urllib.request import url2pathname
 
 # The library -> the extra that brings it (setup.cfg's extras_require).
 EXTRAS = {"h5py": "hdf5", "accelerate": "train", "matplotlib": "plots", "cupy": "cuda12x", "pyarrow": "parquet",
-          "ray": "ray", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve"}
+          "ray": "ray", "ray.serve": "ray", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
+          "orjson": "serve"}
 
 
 def install_command(extra: str) -> str:

@@ -117,6 +117,21 @@ def test_bench_data_prints_the_tokens_per_second_of_each_worker_count():
     assert all(r["tokens_per_second"] > 0 and r["per_worker"] == r["tokens_per_second"] for r in figures["results"])
 
 
+def test_bench_serve_prints_each_figure_beside_its_reference(tiny_model_dir):
+    output = run_python(REPO / "benchmarks" / "bench_serve.py", "--model", tiny_model_dir, "--sentences", 40,
+                        "--clients", 4, "--calls", 3, "--rate-seconds", 1, "--memory-requests", 40, "--threads", 1)
+    lines = output.strip().splitlines()
+    assert lines[0].startswith("machine: ") and lines[1].startswith("elmo embed: ")
+    served = re.search(r"elmo serve, 4 clients: [\d,]+ words/s .* x([\d.]+) elmo embed's .* max abs diff ([\d.e+-]+)",
+                       lines[2])
+    assert served and float(served[1]) > 0 and float(served[2]) < 1e-5, lines[2]
+    assert re.search(r"one 20-word request: elmo serve [\d.]+ ms, the library's embed_sentence [\d.]+ ms", lines[3])
+    assert lines[4].startswith("memory: RSS ") and "40 requests" in lines[4]
+    assert [line.split(" the sustainable rate")[0] for line in lines[5:]] == ["x0.5", "x2.0"]
+    assert all(re.search(r"p50 [\d.]+ ms, p99 [\d.]+ ms over [\d,]+ answered; [\d,]+ refused", line)
+               for line in lines[5:])
+
+
 def test_bench_spacy_train_times_the_stages_of_each_step_with_and_without_elmo(tmp_path):
     """Six short CoNLL documents in batches of 400 words: the first epoch's steps read Docs with the biLM, the later
     ones take its cache; without ELMo there is no biLM stage and the same batches."""

@@ -1,6 +1,7 @@
 """`pip install spacy-elmo` without extras runs the README: its transformers and spaCy blocks, `elmo embed default`
-and `elmo demo`. The test reads the core dependency closure from the installed metadata and runs the commands in a
-fresh interpreter in which every other installed distribution (the extras, pytest, ...) cannot be imported."""
+and `elmo demo`; `elmo serve` says in one line which extra it needs. The test reads the core dependency closure from
+the installed metadata and runs the commands in a fresh interpreter in which every other installed distribution (the
+extras, pytest, ...) cannot be imported."""
 
 from __future__ import annotations
 
@@ -61,13 +62,18 @@ for args in (["embed", "default", str(folder / "in.txt"), str(folder / "out.npy"
     assert result.exit_code == 0, (args, result.output, result.exception)
     print(result.output)
 assert numpy.load(folder / "out.npy").shape[-1] == 512
+served = CliRunner().invoke(app, ["serve", "--port", "0"])
+line = served.output.strip()
+assert served.exit_code == 1 and line.startswith("Error: elmo serve needs fastapi: pip install "), line
+assert len(line.splitlines()) == 1 and "[serve]" in line, line
 """
 
 
 def test_the_core_install_is_lean_and_has_spacy():
     closure = core_closure()
     assert {"spacy-elmo", "torch", "transformers", "spacy", "safetensors"} <= closure
-    assert not {"h5py", "accelerate", "matplotlib", "pytest", "cupy-cuda12x"} & closure
+    assert not {"h5py", "accelerate", "matplotlib", "pytest", "cupy-cuda12x", "fastapi", "uvicorn", "orjson",
+                "ray"} & closure
 
 
 def test_readme_embed_and_demo_run_with_the_core_install_alone():

@@ -21,8 +21,11 @@ from spacy_fixtures import REPO, blocks
 pytestmark = pytest.mark.slow  # a fresh interpreter per block
 
 DOCUMENTS = [REPO / "README.md", REPO / "docs" / "migrating.md"]
+SERVER = "127.0.0.1:3000"  # the address of `elmo serve` in the documents' calls to it
 def python_blocks() -> list[tuple[str, str]]:
-    return [(f"{path.name}:{index}", code) for path in DOCUMENTS for index, code in enumerate(blocks(path, "python"))]
+    """Every Python block but those that call a running `elmo serve` (test_serve.py runs them against one)."""
+    return [(f"{path.name}:{index}", code) for path in DOCUMENTS for index, code in enumerate(blocks(path, "python"))
+            if SERVER not in code]
 
 
 def test_the_documents_have_python_and_shell_blocks():
@@ -69,6 +72,7 @@ NOT_RUN = {
     "/tmp/allennlp-venv/bin/pip ": "AllenNLP's virtualenv: an install",
     "source .gpu/setup.sh": "the lent GPU machine's set-up",
     "cp ": "copies a trained model into the package",
+    f"curl -s {SERVER}": "a call to a running `elmo serve`: test_serve.py makes each against one",
 }
 # ... and commands checked against their `--help` (the command and every option it is given exist) but not run.
 CHECKED_ONLY = {
@@ -93,6 +97,7 @@ CHECKED_ONLY = {
     "python -m spacy_elmo mix-weights PIPELINE": "PIPELINE stands for a trained pipeline (run above on one)",
     "elmo embed --ray --ray-address auto": "a running Ray cluster: test_ray.py runs jobs on one of two nodes",
     "elmo embed --ray corpus/": "a local Ray cluster for the job: test_ray.py runs one (and the same job's output)",
+    "elmo serve": "a server, until stopped: test_serve.py runs it, and the documents' calls to it against it",
 }
 # What a command gets on top of what is written, to run at toy sizes.
 TOY = {
@@ -305,4 +310,7 @@ def test_the_documents_commands_are_each_run_checked_or_set_up():
     assert [line for line, kind in readme.items() if kind == "checked"] == [
         "elmo embed --ray corpus/ vectors/ --workers 2 --cpus-per-worker 1 # a local Ray cluster for the job",
         "elmo embed --ray --ray-address auto corpus/ /shared/vectors/ --gpus-per-worker 1 # an existing Ray cluster",
+        "elmo serve # the embedded model on http://127.0.0.1:3000 until Ctrl-C or SIGTERM",
+        'elmo serve original --port 8080 --api-key "$API_KEY" --layers top --max-concurrent-requests 64',
+        "elmo serve --ray --replicas 2 # the same app on Ray Serve: a local cluster, two replicas",
         "elmo pretrain recipes/english_default_gpu.yaml # the default architecture on one GPU (or accelerate launch)"]

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,6 +130,32 @@ def test_the_clients_people_use_get_the_librarys_vectors(server, library):
             np.testing.assert_allclose(np.asarray(got, dtype=np.float32), unit(pooled), atol=1e-5, rtol=0)
     words = sum(len(split_into_words(t, None)) for t in TEXTS)
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == words
+
+
+def test_the_readmes_calls_to_elmo_serve_run_as_written(processes, tmp_path):
+    """The README's serving section against `elmo serve` of the default model (its address put in place of
+    127.0.0.1:3000): every curl line answers 200 with its route's JSON, the Python block prints what it says."""
+    import shlex
+    import shutil
+
+    from spacy_fixtures import REPO, blocks
+    from test_readme import SERVER
+
+    url = started(processes, elmo_serve("default"))
+    readme = REPO / "README.md"
+    curls = [line for code in blocks(readme, "bash") for line in code.splitlines() if line.startswith("curl ")]
+    assert len(curls) == 4 and shutil.which("curl"), "curl is needed"
+    for line in curls:
+        words = [word.replace(SERVER, url.removeprefix("http://")) for word in shlex.split(line)]
+        answer = subprocess.run([*words, "-w", "\n%{http_code}"], capture_output=True, text=True, timeout=60)
+        body, _, status = answer.stdout.rpartition("\n")
+        assert status == "200" and json.loads(body), (line, answer.stdout[-500:], answer.stderr)
+    (code,) = [code for code in blocks(readme, "python") if SERVER in code]
+    script = tmp_path / "clients.py"
+    script.write_text(code.replace(SERVER, url.removeprefix("http://")), encoding="utf-8")
+    client_env = {name: value for name, value in ENV.items() if name != "HF_HUB_OFFLINE"}  # it would refuse the URL
+    printed = subprocess.run([sys.executable, script], capture_output=True, text=True, env=client_env, timeout=120)
+    assert printed.stdout.splitlines() == ["(1, 512)", "2 512"], printed.stderr[-2000:]
 
 
 def test_teis_routes_and_shapes(server, library):
