@@ -102,6 +102,7 @@ class Connection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
+        self.closing = False  # the server said it closes the connection (an answer given before the body was read)
 
     @classmethod
     async def open(cls, url: str) -> Connection:
@@ -112,8 +113,9 @@ class Connection:
         """The status and body of the answer to `request` (`request_of`'s bytes)."""
         self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        length = next(int(line.split(":")[1]) for line in lines if line.lower().startswith("content-length:"))
+        lines = head.decode("latin-1").lower().split("\r\n")
+        length = next(int(line.split(":")[1]) for line in lines if line.startswith("content-length:"))
+        self.closing = "connection: close" in lines
         return int(lines[0].split()[1]), await self.reader.readexactly(length)
 
     def close(self) -> None:
@@ -152,22 +154,31 @@ async def closed_loop(url: str, texts: list[str], clients: int, keep: int = 0) -
 
 
 async def open_loop(url: str, texts: list[str], rate: float, seconds: float) -> tuple[list[float], int]:
-    """Requests sent at `rate` per second for `seconds` (each on a free connection, or a new one), whatever is
-    answered: the answered ones' latencies and how many were refused (429)."""
+    """Requests sent at `rate` per second for `seconds` (each on a free connection, or a new one, as HTTP clients
+    pool them), whatever is answered: the answered ones' latencies and how many were refused (429)."""
     latencies, refused, idle = [], 0, []
 
     async def one(index: int) -> None:
         nonlocal refused
         sent = time.perf_counter()
+        request = request_of(texts[index % len(texts)])
         connection = idle.pop() if idle else await Connection.open(url)
-        status, body = await connection.post(request_of(texts[index % len(texts)]))
+        try:
+            status, body = await connection.post(request)
+        except (asyncio.IncompleteReadError, ConnectionError):  # idle past the server's keep-alive: a new one
+            connection.close()
+            connection = await Connection.open(url)
+            status, body = await connection.post(request)
         if status == 429:
             refused += 1
         elif status != 200:
             raise SystemExit(f"/embed answered {status}: {body[:300]}")
         else:
             latencies.append(time.perf_counter() - sent)
-        idle.append(connection)
+        if connection.closing:
+            connection.close()
+        else:
+            idle.append(connection)
 
     started, tasks = time.perf_counter(), []
     for index in range(int(rate * seconds)):

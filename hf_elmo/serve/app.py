@@ -22,6 +22,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -102,87 +103,7 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
 
     app.add_middleware(Guard, options=options, metrics=metrics, state=state)
 
-    def route(path: str, model: type[BaseModel] | None = None, **kwargs: Any) -> Callable:
-        extra = {"requestBody": {"content": {"application/json": {"schema": model.model_json_schema()}},
-                                 "required": True}} if model else None
-        return app.post(path, openapi_extra=extra, **kwargs)
-
-    async def sentences_of(request: Request, inputs: str | list[str], truncate: bool | None,
-                           direction: str = "right") -> tuple[list[str], list[list[str]]]:
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
-        if not texts:
-            raise ApiError(422, "inputs is an empty list: send at least one text", "empty")
-        if len(texts) > options.max_client_batch_size:
-            raise ApiError(413, f"{len(texts)} inputs in one request; at most {options.max_client_batch_size} "
-                           "(--max-client-batch-size): send them in several requests", "validation")
-        sentences = [split_into_words(text, embedder.tokenizer.word_tokenizer) for text in texts]
-        cut = options.auto_truncate if truncate is None else truncate
-        limit = options.max_batch_tokens
-        for index, words in enumerate(sentences):
-            if len(words) > limit:
-                if not cut:
-                    raise ApiError(413, f"input {index} has {len(words)} words; at most {limit} (--max-batch-tokens): "
-                                   "send shorter inputs, or truncate=true", "validation")
-                sentences[index] = words[-limit:] if direction.lower() == "left" else words[:limit]
-        return texts, sentences
-
-    async def computed(request: Request, sentences: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per sentence its float32 word vectors and its vector (`batch_work`), from the batches; a client that goes
-        away frees its place."""
-        work = asyncio.ensure_future(batcher.vectors(sentences))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if work not in done:
-                work.cancel()
-                raise ApiError(499, "the client closed the request", "cancelled")
-            return work.result()
-        except BatchFailed as error:
-            raise ApiError(424, f"the batch of this request failed: {error}", "backend") from None
-        finally:
-            gone.cancel()
-
-    async def embed_route(request: Request) -> Response:
-        body = await _body(request, EmbedRequest, options)
-        _, sentences = await sentences_of(request, body.inputs, body.truncate, body.truncation_direction)
-        vectors = [pooled for _, pooled in await computed(request, sentences)]
-        return _json([_normalized(v) if body.normalize else _floats(v) for v in vectors])
-
-    for path in ("/embed", "/", "/invocations"):
-        route(path, EmbedRequest, summary="One vector per input (TEI's /embed)",
-              name=f"embed{path.replace('/', '_')}")(embed_route)
-
-    @route("/embed_all", EmbedRequest, summary="Each input's word vectors (TEI's /embed_all)")
-    async def embed_all(request: Request) -> Response:
-        body = await _body(request, EmbedRequest, options)
-        _, sentences = await sentences_of(request, body.inputs, body.truncate, body.truncation_direction)
-        vectors = [words for words, _ in await computed(request, sentences)]
-        return _json([_floats(np.moveaxis(v.astype(embedder.dtype), -2, 0)) for v in vectors])
-
-    async def openai_route(request: Request) -> Response:
-        body = await _body(request, OpenAIRequest, options)
-        width = embedder.layout.token_shape[-1]
-        if body.dimensions is not None and body.dimensions != width:
-            raise ApiError(422, f"dimensions: this model's vectors have {width}; ask for those or leave it out",
-                           "validation")
-        _, sentences = await sentences_of(request, body.input, None)
-        vectors = [_normalized(pooled) for _, pooled in await computed(request, sentences)]
-        data = [{"object": "embedding", "index": i, "embedding": _openai_vector(v, body.encoding_format)}
-                for i, v in enumerate(vectors)]
-        words = sum(len(s) for s in sentences)
-        return _json({"object": "list", "data": data, "model": body.model or options.model_id,
-                      "usage": {"prompt_tokens": words, "total_tokens": words}})
-
-    for path in OPENAI_ROUTES:
-        route(path, OpenAIRequest, summary="OpenAI's embeddings", name=f"openai{path.replace('/', '_')}")(
-            openai_route)
-
-    @route("/tokenize", TokenizeRequest, summary="The model's words of each input (TEI's /tokenize)")
-    async def tokenize(request: Request) -> Response:
-        body = await _body(request, TokenizeRequest, options)
-        texts, sentences = await sentences_of(request, body.inputs, True)
-        return _json([_tokens(text, words, body.add_special_tokens, embedder.tokenizer)
-                      for text, words in zip(texts, sentences)])
+    _embedding_routes(app, _Serving(embedder, options, batcher))
 
     @app.get("/health", summary="200 once the model is loaded and batches run")
     async def health() -> Response:
@@ -204,6 +125,104 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
                                  media_type=metrics.content_type)
 
     return app
+
+
+@dataclass(frozen=True)
+class _Serving:
+    """What the embedding routes share: the embedder, the server's limits, the batches."""
+
+    embedder: Any
+    options: ServeOptions
+    batcher: Batcher
+
+    def sentences(self, inputs: str | list[str], truncate: bool | None,
+                  direction: str = "right") -> tuple[list[str], list[list[str]]]:
+        """The request's texts and their words, within the limits (413, 422; too long: cut with `truncate`)."""
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not texts:
+            raise ApiError(422, "inputs is an empty list: send at least one text", "empty")
+        options = self.options
+        if len(texts) > options.max_client_batch_size:
+            raise ApiError(413, f"{len(texts)} inputs in one request; at most {options.max_client_batch_size} "
+                           "(--max-client-batch-size): send them in several requests", "validation")
+        sentences = [split_into_words(text, self.embedder.tokenizer.word_tokenizer) for text in texts]
+        cut = options.auto_truncate if truncate is None else truncate
+        limit = options.max_batch_tokens
+        for index, words in enumerate(sentences):
+            if len(words) > limit:
+                if not cut:
+                    raise ApiError(413, f"input {index} has {len(words)} words; at most {limit} (--max-batch-tokens): "
+                                   "send shorter inputs, or truncate=true", "validation")
+                sentences[index] = words[-limit:] if direction.lower() == "left" else words[:limit]
+        return texts, sentences
+
+    async def computed(self, request: Request, sentences: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per sentence its float32 word vectors and its vector (`batch_work`), from the batches; a client that goes
+        away frees its place."""
+        work = asyncio.ensure_future(self.batcher.vectors(sentences))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                work.cancel()
+                raise ApiError(499, "the client closed the request", "cancelled")
+            return work.result()
+        except BatchFailed as error:
+            raise ApiError(424, f"the batch of this request failed: {error}", "backend") from None
+        finally:
+            gone.cancel()
+
+
+def _embedding_routes(app: FastAPI, serving: _Serving) -> None:
+    """The POST routes: TEI's /embed (also at / and /invocations), /embed_all and /tokenize, OpenAI's embeddings."""
+    embedder, options = serving.embedder, serving.options
+
+    def route(path: str, model: type[BaseModel], **kwargs: Any) -> Callable:
+        extra = {"requestBody": {"content": {"application/json": {"schema": model.model_json_schema()}},
+                                 "required": True}}
+        return app.post(path, openapi_extra=extra, **kwargs)
+
+    async def embed_route(request: Request) -> Response:
+        body = await _body(request, EmbedRequest, options)
+        _, sentences = serving.sentences(body.inputs, body.truncate, body.truncation_direction)
+        vectors = [pooled for _, pooled in await serving.computed(request, sentences)]
+        return _json([_normalized(v) if body.normalize else _floats(v) for v in vectors])
+
+    for path in ("/embed", "/", "/invocations"):
+        route(path, EmbedRequest, summary="One vector per input (TEI's /embed)",
+              name=f"embed{path.replace('/', '_')}")(embed_route)
+
+    @route("/embed_all", EmbedRequest, summary="Each input's word vectors (TEI's /embed_all)")
+    async def embed_all(request: Request) -> Response:
+        body = await _body(request, EmbedRequest, options)
+        _, sentences = serving.sentences(body.inputs, body.truncate, body.truncation_direction)
+        vectors = [words for words, _ in await serving.computed(request, sentences)]
+        return _json([_floats(np.moveaxis(v.astype(embedder.dtype), -2, 0)) for v in vectors])
+
+    async def openai_route(request: Request) -> Response:
+        body = await _body(request, OpenAIRequest, options)
+        width = embedder.layout.token_shape[-1]
+        if body.dimensions is not None and body.dimensions != width:
+            raise ApiError(422, f"dimensions: this model's vectors have {width}; ask for those or leave it out",
+                           "validation")
+        _, sentences = serving.sentences(body.input, None)
+        vectors = [_normalized(pooled) for _, pooled in await serving.computed(request, sentences)]
+        data = [{"object": "embedding", "index": i, "embedding": _openai_vector(v, body.encoding_format)}
+                for i, v in enumerate(vectors)]
+        words = sum(len(s) for s in sentences)
+        return _json({"object": "list", "data": data, "model": body.model or options.model_id,
+                      "usage": {"prompt_tokens": words, "total_tokens": words}})
+
+    for path in OPENAI_ROUTES:
+        route(path, OpenAIRequest, summary="OpenAI's embeddings", name=f"openai{path.replace('/', '_')}")(
+            openai_route)
+
+    @route("/tokenize", TokenizeRequest, summary="The model's words of each input (TEI's /tokenize)")
+    async def tokenize(request: Request) -> Response:
+        body = await _body(request, TokenizeRequest, options)
+        texts, sentences = serving.sentences(body.inputs, True)
+        return _json([_tokens(text, words, body.add_special_tokens, embedder.tokenizer)
+                      for text, words in zip(texts, sentences)])
 
 
 class Guard:
