@@ -349,7 +349,7 @@ class ElmoCharTokenizer(PreTrainedTokenizer):
         texts = text if batched else [text]
         sentences = [self._sentence_words(t, is_split_into_words) for t in texts]
         # Character spans of the words: in the raw text, or within each given word (as fast tokenizers do).
-        spans = [[(0, len(w)) for w in words] if is_split_into_words else _word_spans(t, words)
+        spans = [[(0, len(w)) for w in words] if is_split_into_words else word_spans(t, words)
                  for t, words in zip(texts, sentences)] if return_offsets_mapping else None
         kept = self._kept_words(sentences, truncation_strategy, max_length, add_special_tokens)
         sentences = [[words[i] for i in keep] for words, keep in zip(sentences, kept)]
@@ -555,7 +555,7 @@ class ElmoBatchEncoding(BatchEncoding):
         return list(self._word_ids[batch_index])
 
 
-def _word_spans(text: str, words: Sequence[str]) -> list[tuple[int, int]]:
+def word_spans(text: str, words: Sequence[str]) -> list[tuple[int, int]]:
     """(start, end) of each word in `text`, searched left to right (every word tokenizer here keeps the words as
     they appear in the text)."""
     spans, position = [], 0

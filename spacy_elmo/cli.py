@@ -24,7 +24,7 @@ from thinc.api import Config
 from .corpora import read_conll2003, read_sst2, read_sst5, write_docbin
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
-TASKS = ("ner", "textcat")
+TASKS = tuple(sorted(path.stem for path in CONFIGS_DIR.glob("*.cfg")))  # a task is its base config: ner, textcat
 # Where the task model takes ELMo (the paper's Table 3): at its input, at the input and the output of its biLSTM,
 # or nowhere (the same task model without ELMo, for with/without comparisons).
 ELMO_PLACEMENTS = ("input", "input+output", "none")

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.datastructures import Headers
 
 from ..text import split_into_words
-from ..tokenization_elmo import _word_spans
+from ..tokenization_elmo import word_spans
 from .batching import Batcher, BatchFailed
 from .metrics import Metrics
 from .options import ServeOptions
@@ -365,7 +365,7 @@ def _openai_vector(vector: np.ndarray, encoding_format: str) -> Any:
 def _tokens(text: str, words: Sequence[str], special: bool, tokenizer: Any) -> list[dict[str, Any]]:
     """TEI's tokens of one input: its words (`id`: the position), where each is in the text, and the boundaries."""
     try:
-        spans: list[tuple[int | None, int | None]] = list(_word_spans(text, words))
+        spans: list[tuple[int | None, int | None]] = list(word_spans(text, words))
     except ValueError:  # a word tokenizer that changed a word's text
         spans = [(None, None)] * len(words)
     tokens = [{"text": word, "special": False, "start": start, "stop": stop}
