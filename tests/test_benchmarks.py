@@ -122,9 +122,10 @@ def test_bench_serve_prints_each_figure_beside_its_reference(tiny_model_dir):
                         "--clients", 4, "--calls", 3, "--rate-seconds", 1, "--memory-requests", 40, "--threads", 1)
     lines = output.strip().splitlines()
     assert lines[0].startswith("machine: ") and lines[1].startswith("elmo embed: ")
-    served = re.search(r"elmo serve, 4 clients: [\d,]+ words/s .* x([\d.]+) elmo embed's .* max abs diff ([\d.e+-]+)",
-                       lines[2])
-    assert served and float(served[1]) > 0 and float(served[2]) < 1e-5, lines[2]
+    # At toy sizes elmo embed's time may not stand out of its start-up's noise: its rate then reads n/a.
+    served = re.search(r"elmo serve, 4 clients: [\d,]+ words/s .* x([\d.]+|n/a) elmo embed's .* max abs diff "
+                       r"([\d.e+-]+)", lines[2])
+    assert served and float(served[2]) < 1e-5, lines[2]
     assert re.search(r"one 20-word request: elmo serve [\d.]+ ms, the library's embed_sentence [\d.]+ ms", lines[3])
     assert lines[4].startswith("memory: RSS ") and "40 requests" in lines[4]
     assert [line.split(" the sustainable rate")[0] for line in lines[5:]] == ["x0.5", "x2.0"]
