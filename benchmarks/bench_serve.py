@@ -11,7 +11,9 @@ MODEL` in a process of its own on 127.0.0.1, started and stopped (SIGTERM) by th
 - Throughput: the sentences through each `--clients` count of clients, each sending its next request as its last
   is answered, in words per second; beside it, `elmo embed MODEL INPUT OUTPUT --layers average --pool mean` on the
   same sentences, its start-up (a one-line job) taken off; their ratio. A sample of the served vectors is checked
-  against elmo embed's (the float32 bound of a sentence's vectors across batches).
+  against elmo embed's (the float32 bound of a sentence's vectors across batches). Beside each: the sentences a batch
+  held (/metrics), and the library's rate in batches of as many sentences as there are clients, in arrival order,
+  without HTTP (the most such a server can hold at once): the ceiling batching across requests puts on the server.
 - Latency: one 20-word request at a time to an idle server (median of `--calls`), beside the library's
   `ElmoEmbedder.embed_sentence` on the same sentence in this process.
 - Rates: requests sent on a fixed schedule (open loop) for `--rate-seconds` at half and at twice the throughput's
@@ -214,6 +216,24 @@ def elmo_embed(model: str, source: Path, output: Path, threads: int) -> float:
     return time.perf_counter() - started
 
 
+def in_batches_of(embedder: ElmoEmbedder, sentences: list[list[str]], size: int) -> float:
+    """Seconds of `embedder`'s word vectors of `sentences` in consecutive batches of `size` (the most a server with
+    `size` one-sentence clients can hold at once), in this process."""
+    words_embedder = embedder.with_settings(pool=None, dtype="float32")
+    started = time.perf_counter()
+    for start in range(0, len(sentences), size):
+        for vectors in words_embedder.embed_sentences(sentences[start : start + size]):
+            embedder.pooled(vectors)
+    return time.perf_counter() - started
+
+
+def batch_sentences(url: str) -> tuple[float, float]:
+    """(batches run, their sentences) so far, from the server's /metrics."""
+    figures = dict(line.split() for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines()
+                   if line.startswith(("elmo_batch_sentences_count ", "elmo_batch_sentences_sum ")))
+    return float(figures["elmo_batch_sentences_count"]), float(figures["elmo_batch_sentences_sum"])
+
+
 def median_seconds(call, calls: int) -> float:
     call()
     times = []
@@ -257,20 +277,27 @@ def main() -> None:
     twenty = " ".join(" ".join(texts).split()[:20])
     sentence = split_into_words(twenty, library.tokenizer.word_tokenizer)
     library_latency = median_seconds(lambda: library.embed_sentence(sentence), args.calls)
+    sentences = [split_into_words(text, library.tokenizer.word_tokenizer) for text in texts]
+    ceilings = {clients: words / in_batches_of(library, sentences, clients) for clients in args.clients}
 
     server = Server(args.model, [], args.threads)
     try:
         print(f"elmo embed: {f'{batch_rate:,.0f}' if batch_rate else 'n/a'} words/s ({start_up:.1f} s of start-up "
               f"taken off {batch_seconds:.1f} s)")
         for clients in args.clients:
+            batches_before = batch_sentences(server.url)
             seconds, served = asyncio.run(closed_loop(server.url, texts, clients, keep=200))
+            batches, held = (after - before for after, before in zip(batch_sentences(server.url), batches_before))
             difference = max(float(np.abs(a - b).max()) for a, b in zip(served, expected, strict=False))
             if clients == args.clients[0]:
                 requests_per_second = len(texts) / seconds
             print(f"elmo serve, {clients} clients: {words / seconds:,.0f} words/s ({len(texts) / seconds:,.1f} "
                   f"requests/s), x{f'{words / seconds / batch_rate:.2f}' if batch_rate else 'n/a'} elmo embed's (goal "
-                  f"at 32: >= 0.85); its first "
-                  f"{len(served)} vectors against elmo embed's: max abs diff {difference:.1e}")
+                  f"at 32: >= 0.85); its first {len(served)} vectors against elmo embed's: max abs diff "
+                  f"{difference:.1e}; {held / batches:.1f} sentences a batch. The library in batches of {clients} of "
+                  f"these sentences as they come, without HTTP: {ceilings[clients]:,.0f} words/s (x"
+                  f"{f'{ceilings[clients] / batch_rate:.2f}' if batch_rate else 'n/a'} elmo embed's); the server "
+                  f"reaches x{words / seconds / ceilings[clients]:.2f} of it")
 
         served_latency = asyncio.run(one_at_a_time(server.url, request_of(twenty), args.calls))
         print(f"one 20-word request: elmo serve {served_latency * 1000:.1f} ms, the library's embed_sentence "
