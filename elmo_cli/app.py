@@ -717,6 +717,7 @@ def serve(
         raise typer.BadParameter("applies to --ray only", param_hint="--ray-address/--replicas/--max-replicas")
     if ray:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", package_serving.PROXY_READY_SECONDS)
     _hf_elmo()
     from hf_elmo.extras import require
 

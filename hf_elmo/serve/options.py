@@ -12,6 +12,10 @@ from dataclasses import dataclass
 # What a server embeds with unless told otherwise: one vector per input, the mean over its words of the average of
 # the biLM's layers (`/embed`; `/embed_all` gives the words' vectors of the same layers).
 SERVE_SETTINGS = {"layers": "average", "pool": "mean"}
+# `--ray`: seconds Serve gives its HTTP proxy to become ready before it kills it
+# (`RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S`; Serve's 5 are less than a busy 2-core machine needs to start it), in the
+# environment a local cluster starts with.
+PROXY_READY_SECONDS = "60"
 
 
 @dataclass(frozen=True)

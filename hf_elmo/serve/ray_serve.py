@@ -79,7 +79,11 @@ def serve_on_ray(model: str | os.PathLike, settings: Any, options: ServeOptions,
             max_queued_requests=options.max_concurrent_requests * (max_replicas or count), **scaling)
         stopped = _stop_event()
         try:
-            serve.start(proxy_location="HeadOnly", http_options={"host": options.hostname, "port": options.port})
+            try:
+                serve.start(proxy_location="HeadOnly", http_options={"host": options.hostname, "port": options.port})
+            except ray.exceptions.RayError as error:  # e.g. its HTTP proxy killed by Serve, not ready in time
+                raise ServeError(f"Ray Serve could not start: {str(error).splitlines()[0]} (Ray's logs: {_logs()})"
+                                 ) from None
             try:
                 serve.run(deployment.bind(str(model), settings.to_dict(), dataclasses.asdict(options), threads,
                                           address is None),
