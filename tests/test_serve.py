@@ -323,6 +323,8 @@ def test_with_an_api_key_nothing_is_computed_without_it(tiny_model_dir, processe
 
 
 def test_sigterm_stops_taking_requests_answers_those_held_then_exits(held, processes):
+    """SIGTERM to the server's whole process group (as a service manager or Ctrl-C sends it): the requests held are
+    answered, then the server exits 0 and no process of it is left."""
     url, gate = held()
     gate.touch()
     server = processes.started[-1]
@@ -330,13 +332,14 @@ def test_sigterm_stops_taking_requests_answers_those_held_then_exits(held, proce
     async def run() -> list[httpx.Response]:
         pending = asyncio.ensure_future(concurrently(url, [{"inputs": "held one"}, {"inputs": "held two"}]))
         await asyncio.to_thread(wait_until, lambda: running(url) + queued(url) == 2)
-        server.send_signal(signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGTERM)
         await asyncio.to_thread(wait_until, lambda: _refused(url))
         gate.unlink()
         return await pending
 
     assert [answer.status_code for answer in asyncio.run(run())] == [200, 200]
     assert server.wait(timeout=60) == 0
+    assert wait_until(lambda: not session_processes(server.pid), timeout=30)
 
 
 def _refused(url: str) -> bool:
