@@ -8,8 +8,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from hf_elmo.serve.options import PROXY_READY_SECONDS
+
 # (and Serve's HTTP proxy given the time a busy machine needs to start it, as `elmo serve --ray` gives a local cluster)
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": PROXY_READY_SECONDS}
 
 
 @contextmanager
