@@ -1,6 +1,7 @@
 # Quick start: `make demo` (set up the package and run the demo on the embedded English model), `make test` (set up
-# the package with its `dev` extra and pass the tests; `make test-fast` leaves out the tests marked slow). Both make
-# the virtualenv when it is missing, and install again only when setup.cfg or pyproject.toml changed.
+# the package with its `dev` extra and pass the tests; `make test-fast` leaves out the tests marked slow, `make fuzz`
+# runs the fuzzers longer). All make the virtualenv when it is missing, and install again only when setup.cfg or
+# pyproject.toml changed.
 PYTHON ?= python3
 VENV ?= .venv
 # torch is installed first when the virtualenv has none: the CPU build, or the CUDA build TORCH names (TORCH=cu126),
@@ -9,7 +10,7 @@ TORCH ?= cpu
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test test-fast bench gpu-check
+.PHONY: venv demo test test-fast fuzz bench gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,10 @@ test-fast: $(VENV)/.installed-dev
 	$(BIN)/ruff check hf_elmo spacy_elmo elmo_cli tests benchmarks tools
 	$(BIN)/python tests/transformers_tests.py
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
+
+# The fuzzers of tests/test_fuzz.py at 16 times the suite's examples.
+fuzz: $(VENV)/.installed-dev
+	ELMO_FUZZ_EXAMPLES=4000 $(BIN)/python -m pytest -n $(TEST_WORKERS) tests/test_fuzz.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/bench_inference.py

@@ -10,8 +10,9 @@ never give a wrong vector, and never lose a sentence.
 Strings come from all of Unicode (lone surrogates, controls, NUL, format characters and unassigned code points
 included) and from a small alphabet of troublemakers, so that whitespace runs, BOMs, zero-width characters,
 quotes and emoji meet often; `elmo embed` also reads invalid UTF-8, `\\r\\n` and BOMs. Examples are derandomized: CI
-sees the same strings every run. `ELMO_FUZZ_EXAMPLES` sets the examples per path, of 10 strings each (CI: 1000, so
-10,000 strings per path; a quarter of that through `elmo embed`, which writes and reads a file per example).
+sees the same strings every run. `ELMO_FUZZ_EXAMPLES` sets the examples per path, of 10 strings each (`make test`:
+250, so 2,500 strings per path; `make fuzz`: 4000, so 40,000; a quarter of that through `elmo embed`, which writes and
+reads a file per example).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 TROUBLE = (" \t\n\r\x00\x0b\x1b\u00a0\u2028\ufeff\u200b\u200d\udc80\udcff\ud800'\".,-–—“”!?()[]<>/\\:;"
            "😀👩\u200d👩\u200d👧中文e\u0301")
 TEXT = st.one_of(st.text(st.characters(exclude_categories=[]), max_size=40), st.text(TROUBLE, max_size=40))
-EXAMPLES, PER_EXAMPLE = int(os.environ.get("ELMO_FUZZ_EXAMPLES", "1000")), 10
+EXAMPLES, PER_EXAMPLE = int(os.environ.get("ELMO_FUZZ_EXAMPLES", "250")), 10
 EMBED_EXAMPLES = max(1, EXAMPLES // 4)  # a file written and read back per example: the slowest path
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
