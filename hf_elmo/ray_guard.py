@@ -46,19 +46,13 @@ def _marked(pid: int, entry: bytes) -> bool:
         return False
 
 
-def cluster(mark: str, known: dict[int, int], unmarked: set[tuple[int, int]]) -> dict[int, int]:
+def cluster(mark: str, known: dict[int, int]) -> dict[int, int]:
     """`known` (pid → start time) with the cluster's processes now: the marked ones and their descendants (those of
-    `known` too), each known by its start time (a pid reused by another process is not the cluster's). `unmarked`:
-    the (pid, start time) of processes read without the mark, not read again (it grows with them)."""
+    `known` too), each known by its start time (a pid reused by another process is not the cluster's)."""
     entry = f"{VARIABLE}={mark}".encode()
     processes = _processes()
     found = {pid: start for pid, start in known.items() if processes.get(pid, (0, None))[1] == start}
-    for pid, (_, start) in processes.items():
-        if pid not in found and (pid, start) not in unmarked:
-            if _marked(pid, entry):
-                found[pid] = start
-            else:
-                unmarked.add((pid, start))
+    found.update({pid: start for pid, (_, start) in processes.items() if pid not in found and _marked(pid, entry)})
     grown = True
     while grown:
         children = {pid: start for pid, (parent, start) in processes.items() if parent in found and pid not in found}
@@ -70,13 +64,13 @@ def cluster(mark: str, known: dict[int, int], unmarked: set[tuple[int, int]]) ->
 def main() -> None:
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, signal.SIG_IGN)
-    mark, known, unmarked = sys.argv[1], {}, set()
+    mark, known = sys.argv[1], {}
     while not select.select([sys.stdin], [], [], LOOK_SECONDS)[0]:
-        known = cluster(mark, known, unmarked)
+        known = cluster(mark, known)
     # The command has ended (its end closed the pipe): SIGKILL to what is left, again while new ones appear (a dying
     # raylet may still start one), for at most 10 s.
     deadline = time.monotonic() + 10
-    while (known := cluster(mark, known, unmarked)) and time.monotonic() < deadline:
+    while (known := cluster(mark, known)) and time.monotonic() < deadline:
         for pid in known:
             try:
                 os.kill(pid, signal.SIGKILL)
