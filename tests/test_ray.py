@@ -542,3 +542,20 @@ def test_a_worker_asked_while_ray_restarts_it_is_asked_again_not_taken_for_faile
     worker.started, worker.who = actor.describe.remote(), None
     with pytest.raises(ray_job.JobError, match="^a worker could not start: "):
         pool._answered("describe-3", None)
+
+
+def test_the_guard_reads_again_a_process_it_found_without_the_mark(monkeypatch):
+    """Between fork and exec a process shows its parent's environment: the GCS, started by the driver (unmarked),
+    reads unmarked at first and marked once it runs; the guard must then take it (and what it started)."""
+    from hf_elmo import ray_guard
+
+    processes = {100: (1, 5000), 200: (100, 5100), 300: (1, 5200)}  # pid: (parent, start time)
+    marked_now: set[int] = set()
+    monkeypatch.setattr(ray_guard, "_processes", lambda: processes)
+    monkeypatch.setattr(ray_guard, "_marked", lambda pid, entry: pid in marked_now)
+    assert ray_guard.cluster("m", {}) == {}
+    marked_now.add(100)  # its exec done: the same pid and start time, now with the mark
+    assert ray_guard.cluster("m", {}) == {100: 5000, 200: 5100}
+    processes[100] = (1, 6000)  # the GCS gone, its pid reused by another process: not the cluster's
+    marked_now.clear()
+    assert ray_guard.cluster("m", {100: 5000, 200: 5100}) == {200: 5100}  # what it started still is
