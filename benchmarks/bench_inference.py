@@ -184,11 +184,12 @@ class Ceiling:
     """The machine's float32 matmul rates (FLOP/s) through MKL and oneDNN, sampled between the model's measurements;
     each reported as the median of its samples."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
+        self.size = size  # the side of the square matmuls timed
         self.samples: dict[str, list[float]] = {"mkl": [], "onednn": []}
 
     def sample(self) -> None:
-        rates = matmul_flops_per_second(repeats=3)
+        rates = matmul_flops_per_second(self.size, repeats=3)
         for name in self.samples:
             self.samples[name].append(rates[name])
 
@@ -241,6 +242,8 @@ def main() -> None:
     parser.add_argument("--embedder-sentences", type=int, default=320,
                         help="sentences for the row at ElmoEmbedder's default batching (CPU; 0: no such row)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--peak-size", type=int, default=2048, help="side of the square matmuls timed for the "
+                        "float32 ceiling")
     parser.add_argument("--latency-calls", type=int, default=100,
                         help=f"timed single-sentence calls (median), after {LATENCY_WARM_UP} untimed ones")
     parser.add_argument("--allennlp-python", default=os.environ.get("ALLENNLP_PYTHON"))
@@ -298,7 +301,7 @@ def main() -> None:
 
         run = dict(model=model, batches=device_batches, single=device_single, repeats=args.repeats,
                    latency_calls=args.latency_calls, device=device)
-        ceiling = Ceiling() if device.type == "cpu" else None
+        ceiling = Ceiling(args.peak_size) if device.type == "cpu" else None
         if ceiling:
             ceiling.sample()
         (seconds, latency, ours_first), *in_mode = measure([None, mode] if mode else [None], **run)

@@ -37,7 +37,7 @@ def test_bench_training_prints_tokens_per_second_and_the_fraction_of_peak_of_its
 def test_bench_inference_modes_print_their_speed_and_distance_beside_float32(mode):
     output = run_python(REPO / "benchmarks" / "bench_inference.py", "--presets", "small", "--sentences", 2,
                         "--length", 3, "--batch-size", 2, "--repeats", 1, "--latency-calls", 2, "--threads", 1,
-                        f"--{mode}")
+                        "--embedder-sentences", 8, "--peak-size", 256, f"--{mode}")
     lines = output.strip().splitlines()
     header = next(line for line in lines if line.startswith("preset")).split()
     row = next(line for line in lines if line.startswith("small ")).split()
