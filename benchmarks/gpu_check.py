@@ -6,7 +6,7 @@
 Phases, each job a fresh process under its own time limit (one slow job cannot eat the others; on a GPU the limits
 of the default run add up to at most 7 minutes, each at least 1.5 times the job's time measured or estimated; on a
 CPU each is 4 times the job's time on a 2-core AVX2 machine, `--limit-scale` for a slower one):
-- `tests`: the CUDA tests (`pytest -m cuda`);
+- `tests`: the CUDA tests (`pytest -m cuda`, over the test files that mark any);
 - `parity`: the default model's layers on the device against the CPU's in float32, and the drift of bf16 and fp16
   autocast from float32 (max abs difference and minimum row cosine per layer) on CoNLL-2003 dev sentences;
 - `inference`: the default model over CoNLL-2003 dev sentences tokenized beforehand, words/s at batch 1 (sentences
@@ -461,8 +461,11 @@ def peak_memory(device: str) -> dict:
 
 
 def worker_tests(device: str, sizes: Sizes, work: Path, result: Result) -> None:
+    # Only the files that mark a test `cuda` are collected (the whole suite's collection takes longer than they run).
+    files = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").glob("test_*.py")
+                   if "@pytest.mark.cuda" in path.read_text(encoding="utf-8"))
     command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "--durations=10",
-               "--junitxml", str(work / "cuda-tests.xml")]
+               "--junitxml", str(work / "cuda-tests.xml"), *files]
     process = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     print(process.stdout[-12000:], process.stderr[-4000:])
     import xml.etree.ElementTree as ElementTree
