@@ -32,6 +32,16 @@ def session_processes(leader: int) -> list[psutil.Process]:
     return found
 
 
+def kill_session(process: subprocess.Popen) -> None:
+    """Kill `process` and what it started in its session (which may hold its output pipes open)."""
+    for member in session_processes(process.pid):
+        try:
+            member.kill()
+        except psutil.Error:
+            pass
+    process.kill()
+
+
 class Processes:
     """Starts processes (`start`) and ends every one, with its session, in `end`."""
 
@@ -48,12 +58,7 @@ class Processes:
     def end(self, timeout: float = 30.0) -> None:
         """Kill every process started, and what each started in its session; wait until all are gone."""
         for process in self.started:
-            for member in session_processes(process.pid):
-                try:
-                    member.kill()
-                except psutil.Error:
-                    pass
-            process.kill()
+            kill_session(process)
             process.communicate()
         deadline = time.monotonic() + timeout
         for process in self.started:

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from processes import Processes, session_processes
+from processes import Processes, kill_session, session_processes
 from ray_clusters import RAY_ENV, ray_environment, two_nodes
 
 from hf_elmo.embed import ElmoEmbedder
@@ -59,7 +59,7 @@ def started(processes: Processes, command: list, env: dict | None = None, timeou
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            process.kill()
+            kill_session(process)
             pytest.fail(f"the server did not answer /health in {timeout} s: {process.communicate()[1][-3000:]}")
         time.sleep(0.1)
 
