@@ -16,10 +16,12 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
 
 
 @contextmanager
-def ray_environment() -> Iterator[None]:
-    """`RAY_ENV` in this process's environment, then the environment as it was."""
-    saved = {name: os.environ.get(name) for name in RAY_ENV}
-    os.environ.update(RAY_ENV)
+def ray_environment(**extra: str) -> Iterator[None]:
+    """`RAY_ENV` and `extra` in this process's environment (a cluster started here takes them to its processes), then
+    the environment as it was."""
+    variables = {**RAY_ENV, **extra}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
         yield
     finally:
