@@ -709,9 +709,10 @@ def serve(
     and LlamaIndex call it unchanged; `/docs` describes them.
 
     Concurrent requests are batched together (at most --max-batch-tokens words a batch, longest first), off the
-    event loop; each input's vector is what `elmo embed` / `ElmoEmbedder` gives for its text with the same
-    settings. Over --max-concurrent-requests a request gets 429 at once; errors are one JSON line (TEI's, OpenAI's on
-    its routes). SIGTERM or Ctrl-C: no new requests, those held are answered, then the server exits.
+    event loop, batches side by side on a share of --threads each (a lone request on all); each input's vector is
+    what `elmo embed` / `ElmoEmbedder` gives for its text with the same settings. Over --max-concurrent-requests a
+    request gets 429 at once; errors are one JSON line (TEI's, OpenAI's on its routes). SIGTERM or Ctrl-C: no new
+    requests, those held are answered, then the server exits.
     """
     if not ray and (ray_address is not None or replicas is not None or max_replicas is not None):
         raise typer.BadParameter("applies to --ray only", param_hint="--ray-address/--replicas/--max-replicas")

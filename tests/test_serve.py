@@ -271,6 +271,19 @@ def test_concurrent_requests_are_batched_together_and_each_gets_its_own_vectors(
         np.testing.assert_allclose(np.array(answer.json()[0]), library(text)[0], atol=1e-5, rtol=0)
 
 
+def test_with_two_threads_batches_run_beside_each_other_and_each_request_gets_its_own_vectors(tiny_model_dir,
+                                                                                              processes, library):
+    """`elmo serve --threads 2`: requests at once are split into batches on a thread each (test_batching.py holds
+    the rule); the embedder, run by two threads at once, gives every request its own input's vectors."""
+    url = started(processes, elmo_serve(tiny_model_dir, "--threads", 2))
+    texts = [f"request {i} about {'more ' * (i % 5)}rivers and banks" for i in range(40)]
+    for _ in range(2):
+        answers = asyncio.run(concurrently(url, [{"inputs": text, "normalize": False} for text in texts]))
+        for text, answer in zip(texts, answers):
+            np.testing.assert_allclose(np.array(answer.json()[0]), library(text)[0], atol=1e-5, rtol=0)
+    assert batches(url)[1] == 2 * len(texts)
+
+
 def test_over_the_concurrent_requests_429_at_once_and_a_client_that_goes_away_frees_its_place(held):
     """Three places: two requests held in the batches and one raw client take them; a fourth gets 429 at once. The
     raw client goes away: its sentence leaves the queue and its place takes a new request."""

@@ -84,8 +84,9 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
     within `options`. `embed` (`batch_work(embedder)`'s kind of function) replaces it for the batches (tests wrap
     it to hold a batch or make one fail)."""
     metrics = Metrics()
-    batcher = Batcher(embed or batch_work(embedder), options.max_batch_tokens, metrics.batch_done,
-                      initializer=_same_threads())
+    threads, set_threads = _thread_shares(embedder)
+    batcher = Batcher(embed or batch_work(embedder), options.max_batch_tokens, metrics.batch_done, threads,
+                      set_threads)
     state = {"serving": 0}
 
     @asynccontextmanager
@@ -266,20 +267,24 @@ class Guard:
 
 def batch_work(embedder: Any) -> Callable[[list[Sequence[str]]], list[tuple[np.ndarray, np.ndarray]]]:
     """What a batch runs: sentences → per sentence its float32 word vectors (`embedder`'s layers) and its vector
-    (`embedder.pooled`). All of torch's work runs here, on the batches' thread: a second thread running torch ops
-    (the event loop's) would start a second OpenMP team, whose threads and the batches' spin against each other
-    (a one-sentence request twice as slow on two cores; docs/serving.md)."""
+    (`embedder.pooled`). All of torch's work runs here, on the batches' threads: the event loop's thread running
+    torch ops would start an OpenMP team beside theirs, on cores they use (a one-sentence request twice as slow on two
+    cores; docs/serving.md)."""
     words_embedder = embedder.with_settings(pool=None, dtype="float32")
     return lambda sentences: [(vectors, embedder.pooled(vectors))
                               for vectors in words_embedder.embed_sentences(sentences)]
 
 
-def _same_threads() -> Callable[[], None]:
-    """An initializer giving the batches' thread torch's threads of this one (OpenMP's setting is per thread)."""
+def _thread_shares(embedder: Any) -> tuple[int, Callable[[int], None]]:
+    """How many batches may run at once, and what gives a batch's thread its share of torch's threads (OpenMP's
+    setting is per thread): on a CPU, as many as this thread's torch threads, each its share of them; on a GPU one,
+    with all of them."""
     import torch
 
     threads = torch.get_num_threads()
-    return lambda: torch.set_num_threads(threads)
+    if embedder.device.type != "cpu":
+        return 1, lambda _: torch.set_num_threads(threads)
+    return threads, torch.set_num_threads
 
 
 async def _body(request: Request, model: type[BaseModel], options: ServeOptions) -> Any:

@@ -1,11 +1,19 @@
 """Dynamic batching for a server: the sentences of concurrent requests gathered into batches of at most
-`max_batch_tokens` words, run one batch at a time on a thread of their own (off the event loop), each request answered
-as soon as the batch holding its last sentence is done.
+`max_batch_tokens` words, run off the event loop on threads of their own, each request answered as soon as the batch
+holding its last sentence is done.
 
-After a batch, the next waits (a tenth of that batch's time at most) until as many sentences are queued as that batch
-held: the clients it answered send their next requests meanwhile. Without it, clients that each wait for their answer
-split into two halves taking turns, each batch half as large and the throughput far lower (`bench_serve.py`); a lone
-request (its last batch held one sentence) never waits.
+The batches share the server's torch threads, each taking its share when it starts. With no batch running, what is
+queued is split among the threads, a batch each (a lone sentence takes them all): on a CPU, small batches side by
+side on one thread each embed more words a second than one batch on all of them (docs/serving.md), and while one
+runs, the answers of another go out and its clients' next requests come in. With batches running, the next takes
+the threads they left free once it holds as many sentences a thread as they do: batches keep their size instead of
+the free threads taking each sentence as it comes. A batch on several threads runs on the thread of the first
+(OpenMP's team of a thread is kept: two teams on the same cores spin against each other).
+
+After a batch, its threads wait (a tenth of that batch's time at most) until as many sentences are queued as that
+batch held: the clients it answered send their next requests meanwhile. Without it, clients that each wait for their
+answer split into ever smaller batches, and the throughput falls (`bench_serve.py`); a lone request (its last batch
+held one sentence) never waits.
 
 A request whose client went away before its sentences were batched is dropped from the queue; a batch that fails
 fails the requests it holds (`BatchFailed`) and the next batch runs.
@@ -42,27 +50,36 @@ class _Request:
 
 
 class Batcher:
-    """Batches across requests for `embed` (sentences → per sentence its vectors, run on one thread of its own).
-    `on_batch(sentences, words, seconds)` is called after each batch that ran (the metrics)."""
+    """Batches across requests for `embed` (sentences → per sentence its vectors), up to `threads` at once, each on
+    a thread of its own that `set_threads(n)` gives its share of torch's threads before it runs. `on_batch(sentences,
+    words, seconds)` is called after each batch that ran (the metrics)."""
 
     def __init__(self, embed: Callable[[list[Sequence[str]]], list[np.ndarray]], max_batch_tokens: int,
-                 on_batch: Callable[[int, int], Any] | None = None, initializer: Callable[[], Any] | None = None):
+                 on_batch: Callable[[int, int, float], Any] | None = None, threads: int = 1,
+                 set_threads: Callable[[int], Any] | None = None):
         self.embed, self.max_batch_tokens, self.on_batch = embed, max_batch_tokens, on_batch
+        self.threads, self.set_threads = threads, set_threads
         self.queue: deque[tuple[_Request, int]] = deque()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="elmo-batches", initializer=initializer)
-        self.running = 0  # sentences of the batch being embedded now
-        self._wake: asyncio.Event | None = None
+        self.executors = [ThreadPoolExecutor(1, thread_name_prefix=f"elmo-batches-{i}") for i in range(threads)]
+        self.free = list(range(threads))  # the threads (their executors) that no batch holds, lowest first
+        self.running = 0  # sentences of the batches being embedded now
+        self._running_threads = 0  # threads of the batches being embedded now
+        self._gathering = 0  # batches done, whose threads wait for their clients' next sentences
+        self._batches: set[asyncio.Task] = set()
+        self._changed: asyncio.Condition | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self.executor.shutdown(wait=True)
+        tasks = [task for task in (self._task, *self._batches) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for executor in self.executors:
+            executor.shutdown(wait=True)
 
     @property
     def alive(self) -> bool:
@@ -82,17 +99,21 @@ class Batcher:
         if not sentences:
             return []
         self.queue.extend((request, index) for index in range(len(sentences)))
-        self._wake.set()
+        await self._notify()
         try:
             return await request.future
         except asyncio.CancelledError:
             request.cancelled = True
             raise
 
-    def _next_batch(self) -> list[tuple[_Request, int]]:
-        """Queued sentences in order, up to `max_batch_tokens` words (at least one sentence)."""
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _next_batch(self, most: int) -> list[tuple[_Request, int]]:
+        """Queued sentences in order, up to `most` sentences and `max_batch_tokens` words (at least one)."""
         batch, words = [], 0
-        while self.queue:
+        while self.queue and len(batch) < most:
             request, index = self.queue[0]
             if request.cancelled or request.future.done():  # its client went away, or another batch failed it
                 self.queue.popleft()
@@ -104,33 +125,53 @@ class Batcher:
             words += size
         return batch
 
-    async def _gathered(self, sentences: int, seconds: float) -> None:
-        """Returns once `sentences` are queued, or after `seconds`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while self.queued < sentences and (left := deadline - loop.time()) > 0:
-            self._wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), left)
+    def _ready(self) -> bool:
+        """Whether a batch may start: threads free, sentences queued, no batch gathering its clients' next ones,
+        and as many sentences a thread as the batches being embedded have (with none, any)."""
+        queued, free = self.queued, len(self.free)
+        return bool(free and queued and not self._gathering
+                    and queued * self._running_threads >= self.running * free)
 
     async def _run(self) -> None:
+        """Starts batches whenever `_ready`: with all threads free, what is queued split among them; else one batch
+        on the threads free."""
         loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while batch := self._next_batch():
-                sentences = [request.sentences[index] for request, index in batch]
-                self.running, started = len(sentences), time.perf_counter()
-                try:
-                    vectors = await loop.run_in_executor(self.executor, self.embed, sentences)
-                except Exception as error:  # any failure of the batch fails its requests, never the server
-                    reason = " ".join(str(error).split()) or type(error).__name__
-                    for request, _ in batch:
-                        if not request.future.done():
-                            request.future.set_exception(BatchFailed(reason))
-                    continue
-                finally:
-                    self.running = 0
+            async with self._changed:
+                await self._changed.wait_for(self._ready)
+            parts = min(len(self.free), self.queued) if len(self.free) == self.threads else 1
+            for part in range(parts, 0, -1):
+                batch = self._next_batch(-(-self.queued // part))
+                if not batch:
+                    break
+                threads = self.free[: len(self.free) // part]
+                del self.free[: len(threads)]
+                task = loop.create_task(self._embed(batch, threads))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+
+    async def _embed(self, batch: list[tuple[_Request, int]], threads: list[int]) -> None:
+        """Runs one batch on `threads` (on the first one's executor), answers its requests, then frees the threads
+        once the clients it answered have sent their next sentences (a tenth of its time at most)."""
+        sentences = [request.sentences[index] for request, index in batch]
+        self.running += len(sentences)
+        self._running_threads += len(threads)
+        started = time.perf_counter()
+        try:
+            vectors = await asyncio.get_running_loop().run_in_executor(self.executors[threads[0]], self._call,
+                                                                       len(threads), sentences)
+        except Exception as error:  # any failure of the batch fails its requests, never the server
+            reason = " ".join(str(error).split()) or type(error).__name__
+            for request, _ in batch:
+                if not request.future.done():
+                    request.future.set_exception(BatchFailed(reason))
+            vectors = None
+        finally:
+            self.running -= len(sentences)
+            self._running_threads -= len(threads)
+        self._gathering += 1
+        try:
+            if vectors is not None:
                 for (request, index), vector in zip(batch, vectors, strict=True):
                     request.vectors[index] = vector
                     request.left -= 1
@@ -139,4 +180,16 @@ class Batcher:
                 seconds = time.perf_counter() - started
                 if self.on_batch is not None:
                     self.on_batch(len(sentences), sum(len(s) for s in sentences), seconds)
-                await self._gathered(len(sentences), seconds / 10)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    async with self._changed:
+                        await asyncio.wait_for(self._changed.wait_for(lambda: self.queued >= len(sentences)),
+                                               seconds / 10)
+        finally:
+            self._gathering -= 1
+            self.free = sorted(self.free + threads)
+            await self._notify()
+
+    def _call(self, threads: int, sentences: list[Sequence[str]]) -> list[np.ndarray]:
+        if self.set_threads is not None:
+            self.set_threads(threads)
+        return self.embed(sentences)
