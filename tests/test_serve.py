@@ -213,7 +213,7 @@ def held(tmp_path, tiny_model_dir, processes):
 
 
 def gauge(url: str, name: str) -> float:
-    """A gauge of /metrics (`elmo_queue_sentences`: waiting for a batch; `elmo_running_sentences`: in the batch
+    """A gauge of /metrics (`elmo_queue_sentences`: waiting for a batch; `elmo_running_sentences`: in the batches
     being embedded)."""
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         if line.startswith(f"{name} "):

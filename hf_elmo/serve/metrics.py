@@ -14,7 +14,7 @@ WORD_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 class Metrics:
     """What `/metrics` exposes: `elmo_requests_total{route,status}`, `elmo_request_duration_seconds{route}`,
     `elmo_batch_sentences`, `elmo_batch_words`, `elmo_batch_duration_seconds` (per batch run), and now:
-    `elmo_queue_sentences` (waiting for a batch), `elmo_running_sentences` (in the batch being embedded),
+    `elmo_queue_sentences` (waiting for a batch), `elmo_running_sentences` (in the batches being embedded),
     `elmo_serving_requests` (being served)."""
 
     content_type = CONTENT_TYPE_LATEST
@@ -32,7 +32,7 @@ class Metrics:
         self.batch_seconds = Histogram("elmo_batch_duration_seconds", "Seconds of a batch's embedding",
                                        buckets=LATENCY_BUCKETS, registry=self.registry)
         self.queue = Gauge("elmo_queue_sentences", "Sentences waiting for a batch", registry=self.registry)
-        self.running = Gauge("elmo_running_sentences", "Sentences of the batch being embedded",
+        self.running = Gauge("elmo_running_sentences", "Sentences of the batches being embedded",
                              registry=self.registry)
         self.serving = Gauge("elmo_serving_requests", "Requests being served", registry=self.registry)
 
