@@ -13,7 +13,9 @@ MODEL` in a process of its own on 127.0.0.1, started and stopped (SIGTERM) by th
   same sentences, its start-up (a one-line job) taken off; their ratio. A sample of the served vectors is checked
   against elmo embed's (the float32 bound of a sentence's vectors across batches). Beside each: the sentences a batch
   held (/metrics), and the library's rate in batches of as many sentences as there are clients, in arrival order,
-  without HTTP (the most such a server can hold at once): the ceiling batching across requests puts on the server.
+  without HTTP (the most such a server can hold at once): one batch at a time on all the threads, and, with several
+  threads, as the server runs them: that many batches at a time, each a share of the sentences on one thread (the
+  ceiling batching across requests puts on the server, docs/serving.md).
 - Latency: one 20-word request at a time to an idle server (median of `--calls`), beside the library's
   `ElmoEmbedder.embed_sentence` on the same sentence in this process.
 - Rates: requests sent on a fixed schedule (open loop) for `--rate-seconds` at half and at twice the throughput's
@@ -33,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -216,14 +219,29 @@ def elmo_embed(model: str, source: Path, output: Path, threads: int) -> float:
     return time.perf_counter() - started
 
 
-def in_batches_of(embedder: ElmoEmbedder, sentences: list[list[str]], size: int) -> float:
+def in_batches_of(embedder: ElmoEmbedder, sentences: list[list[str]], size: int, threads: int,
+                  side_by_side: bool = False) -> float:
     """Seconds of `embedder`'s word vectors of `sentences` in consecutive batches of `size` (the most a server with
-    `size` one-sentence clients can hold at once), in this process."""
+    `size` one-sentence clients can hold at once), in this process: one batch at a time on `threads` torch threads,
+    or `side_by_side` (the server's way) `threads` batches at a time, each a share of `size` on a thread of its own
+    with one torch thread."""
     words_embedder = embedder.with_settings(pool=None, dtype="float32")
+    workers = threads if side_by_side else 1
+    share = -(-size // workers)
+    batches = [sentences[start : start + share] for start in range(0, len(sentences), share)]
+
+    def run(mine: list[list[list[str]]]) -> None:
+        set_threads(threads // workers)
+        for batch in mine:
+            for vectors in words_embedder.embed_sentences(batch):
+                embedder.pooled(vectors)
+
+    running = [threading.Thread(target=run, args=(batches[k::workers],)) for k in range(workers)]
     started = time.perf_counter()
-    for start in range(0, len(sentences), size):
-        for vectors in words_embedder.embed_sentences(sentences[start : start + size]):
-            embedder.pooled(vectors)
+    for worker in running:
+        worker.start()
+    for worker in running:
+        worker.join()
     return time.perf_counter() - started
 
 
@@ -278,7 +296,9 @@ def main() -> None:
     sentence = split_into_words(twenty, library.tokenizer.word_tokenizer)
     library_latency = median_seconds(lambda: library.embed_sentence(sentence), args.calls)
     sentences = [split_into_words(text, library.tokenizer.word_tokenizer) for text in texts]
-    ceilings = {clients: words / in_batches_of(library, sentences, clients) for clients in args.clients}
+    ceilings = {clients: words / in_batches_of(library, sentences, clients, args.threads) for clients in args.clients}
+    beside = {clients: words / in_batches_of(library, sentences, clients, args.threads, side_by_side=True)
+              for clients in args.clients if args.threads > 1}
 
     server = Server(args.model, [], args.threads)
     try:
@@ -296,8 +316,12 @@ def main() -> None:
                   f"at 32: >= 0.85); its first {len(served)} vectors against elmo embed's: max abs diff "
                   f"{difference:.1e}; {held / batches:.1f} sentences a batch. The library in batches of {clients} of "
                   f"these sentences as they come, without HTTP: {ceilings[clients]:,.0f} words/s (x"
-                  f"{f'{ceilings[clients] / batch_rate:.2f}' if batch_rate else 'n/a'} elmo embed's); the server "
-                  f"reaches x{words / seconds / ceilings[clients]:.2f} of it")
+                  f"{f'{ceilings[clients] / batch_rate:.2f}' if batch_rate else 'n/a'} elmo embed's) one at a time"
+                  + (f", {beside[clients]:,.0f} (x{f'{beside[clients] / batch_rate:.2f}' if batch_rate else 'n/a'}) "
+                     f"{args.threads} at a time of {-(-clients // args.threads)} on a thread each"
+                     if clients in beside else "")
+                  + f"; the server reaches x{words / seconds / max(ceilings[clients], beside.get(clients, 0)):.2f} "
+                  "of the faster")
 
         served_latency = asyncio.run(one_at_a_time(server.url, request_of(twenty), args.calls))
         print(f"one 20-word request: elmo serve {served_latency * 1000:.1f} ms, the library's embed_sentence "
