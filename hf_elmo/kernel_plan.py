@@ -143,8 +143,9 @@ class KernelPlan:
         cpu_float32: CPU float32 inference (where one-row steps may take the batched MKL matmul). every_position: the
         char CNN on every position, all its character slots (a GPU's shapes), rather than on each distinct word once.
         int8: the int8 mode (`quantize="int8"` on a CPU that has the kernels): the highway's, the token projection's
-        and the LSTMs' matmuls read their weights as `Int8Weight`s. cache: the caller's inference cache, in inference
-        only (where the forms are kept).
+        and the LSTMs' matmuls read their weights as `Int8Weight`s. few_steps: a call of a few steps (an
+        `ElmoStream`'s advance), whose LSTM input weights are read once for few rows: packed too. cache: the caller's
+        inference cache, in inference only (where the forms are kept).
     """
 
     options: ElmoKernelOptions
@@ -156,14 +157,16 @@ class KernelPlan:
     cpu_float32: bool
     every_position: bool
     int8: bool = False
+    few_steps: bool = False
     cache: ElmoInferenceCache | None = field(default=None, compare=False)
 
     @classmethod
     def make(cls, options: ElmoKernelOptions, input_ids: torch.Tensor, tensors: Sequence[torch.Tensor],
-             quantize: str | None = None, cache: ElmoInferenceCache | None = None) -> KernelPlan:
+             quantize: str | None = None, cache: ElmoInferenceCache | None = None,
+             few_steps: bool = False) -> KernelPlan:
         """The plan of a forward of `input_ids` whose weights and given state are `tensors`, in the `quantize` mode
-        (None or "int8"), reading and filling `cache` in inference. CPU bf16 autocast on a CPU without native bf16
-        runs as asked, with one `HostWarning`."""
+        (None or "int8"), reading and filling `cache` in inference, of a few steps (`few_steps`) or all. CPU bf16
+        autocast on a CPU without native bf16 runs as asked, with one `HostWarning`."""
         device = input_ids.device
         inference = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         autocast = torch.is_autocast_enabled(device.type)
@@ -184,7 +187,7 @@ class KernelPlan:
             cpu_float32=cpu_float32,
             every_position=device.type == "cuda" if options.distinct_words == "auto" else not options.distinct_words,
             int8=quantize == "int8" and _int8(device, inference, autocast, cpu_float32),
-            cache=cache if inference else None,
+            few_steps=few_steps, cache=cache if inference else None,
         )
 
     def recurrence(self, weights: LstmWeights) -> str:
@@ -238,9 +241,10 @@ class KernelPlan:
         - under GPU autocast, with a cache: the input weight cast to the autocast dtype, the step weights cast and
           transposed to (2, K, N), made once;
         - float32 on a CPU, a one-row call whose step weights all take the batched-MKL step (`batched_step`): those
-          two transposed to contiguous (2, K, N), only from the cache (a copy per call costs about what it saves);
-        - oneDNN float32: the step weights packed per direction, never the input weight (one matmul per window,
-          where a pack gains little);
+          two transposed to contiguous (2, K, N), only from the cache (a copy per call costs about what it saves),
+          the input weight as below;
+        - oneDNN float32: the step weights packed per direction, the input weight only in a call of `few_steps` (else
+          one matmul per window, where a pack gains little; in a call of a few steps, oneDNN would reorder it at each);
         - the bf16 mode where oneDNN packs bf16 weights: all three packed per direction in bf16, which autocast
           would otherwise cast again at every call and step;
         - the int8 mode: all three per direction as `Int8Weight`s, the input weight's with the layer's bias; the
@@ -262,11 +266,13 @@ class KernelPlan:
             return [cast(cache, weights.input_weight, self.compute_dtype),
                     *(None if w is None else cast(cache, w, self.compute_dtype, transpose=True)
                       for w in weights_in_order[1:])]
+        input_form = (packed(cache, weights.input_weight, torch.float32)
+                      if self.onednn and self.few_steps and cache is not None else None)
         if self.cpu_float32 and batched_steps:
-            return [None, *(None if w is None or cache is None else transposed(cache, w)
-                            for w in weights_in_order[1:])]
+            return [input_form, *(None if w is None or cache is None else transposed(cache, w)
+                                  for w in weights_in_order[1:])]
         if self.onednn:
-            return [None, *(None if w is None else packed(cache, w, torch.float32) for w in weights_in_order[1:])]
+            return [input_form, *(None if w is None else packed(cache, w, torch.float32) for w in weights_in_order[1:])]
         if self.bf16_packs:
             return [None if w is None else packed(cache, w, torch.bfloat16) for w in weights_in_order]
         return [None, None, None]

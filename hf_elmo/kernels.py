@@ -82,10 +82,11 @@ class ElmoKernels:
         inference_cache: ElmoInferenceCache | None,
         tensors: Sequence[torch.Tensor],
         quantize: str | None = None,
+        few_steps: bool = False,
     ):
         """`tensors`: the model's parameters and the state given to the call (whether gradient flows to them);
-        `quantize`: None or "int8" (`KernelPlan.make`)."""
-        self.plan = KernelPlan.make(options, input_ids, tensors, quantize, inference_cache)
+        `quantize`: None or "int8"; `few_steps`: an `ElmoStream`'s advance (`KernelPlan.make`)."""
+        self.plan = KernelPlan.make(options, input_ids, tensors, quantize, inference_cache, few_steps)
         self.cache = self.plan.cache
         self.lengths = list(lengths)
         self._per_call: dict[object, object] = {}  # what a call makes once for all its layers

@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import itertools
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -189,15 +189,19 @@ class ElmoEmbedder:
 
     def _embed_batch(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         hidden_states, batch = self._layers(sentences)
-        if self.layers == "all":
-            output = torch.stack([batch.strip(layer) for layer in hidden_states])  # (layers, batch, words, width)
-        elif self.layers == "top":
-            output = batch.strip(hidden_states[-1])  # (batch, words, width)
-        else:
-            output = batch.strip(self.mix(hidden_states))
-        output = output.float().cpu().numpy()
+        output = self.selected(hidden_states, batch.strip).float().cpu().numpy()
         # Copies, so that no sentence keeps the whole batch alive.
         return [output[..., row, :words, :].copy() for row, words in enumerate(batch.word_counts)]
+
+    def selected(self, hidden_states: Sequence[torch.Tensor],
+                 strip: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The biLM's layers (batch, positions, width) each → the `layers` this embedder gives, `strip` taking the
+        boundary positions off: (layers, batch, words, width) with "all", else (batch, words, width)."""
+        if self.layers == "all":
+            return torch.stack([strip(layer) for layer in hidden_states])
+        if self.layers == "top":
+            return strip(hidden_states[-1])
+        return strip(self.mix(hidden_states))
 
     def pooled(self, vectors: np.ndarray) -> np.ndarray:
         """One sentence's float32 word vectors ((layers, words, width) or (words, width)) → what this embedder gives
