@@ -11,11 +11,9 @@ MODEL` in a process of its own on 127.0.0.1, started and stopped (SIGTERM) by th
 - Throughput: the sentences through each `--clients` count of clients, each sending its next request as its last
   is answered, in words per second; beside it, `elmo embed MODEL INPUT OUTPUT --layers average --pool mean` on the
   same sentences, its start-up (a one-line job) taken off; their ratio. A sample of the served vectors is checked
-  against elmo embed's (the float32 bound of a sentence's vectors across batches). Beside each: the sentences a batch
-  held (/metrics), and the library's rate in batches of as many sentences as there are clients, in arrival order,
-  without HTTP (the most such a server can hold at once): one batch at a time on all the threads, and, with several
-  threads, as the server runs them: that many batches at a time, each a share of the sentences on one thread (the
-  ceiling batching across requests puts on the server, docs/serving.md).
+  against elmo embed's (the float32 bound of a sentence's vectors across batches). Beside each: the sentences an
+  advance of the server's stream held (/metrics), and the library's rate through the same stream holding as many
+  sentences as there are clients, in arrival order, without HTTP (the most such a server can do: docs/serving.md).
 - Latency: one 20-word request at a time to an idle server (median of `--calls`), beside the library's
   `ElmoEmbedder.embed_sentence` on the same sentence in this process.
 - Rates: requests sent on a fixed schedule (open loop) for `--rate-seconds` at half and at twice the throughput's
@@ -35,7 +33,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -44,6 +41,7 @@ import numpy as np
 import psutil
 
 from hf_elmo.embed import ElmoEmbedder, read_vectors
+from hf_elmo.embed.streaming import EmbedderStream
 from hf_elmo.runtime import cpu_name, set_threads
 from hf_elmo.text import split_into_words
 
@@ -219,37 +217,25 @@ def elmo_embed(model: str, source: Path, output: Path, threads: int) -> float:
     return time.perf_counter() - started
 
 
-def in_batches_of(embedder: ElmoEmbedder, sentences: list[list[str]], size: int, threads: int,
-                  side_by_side: bool = False) -> float:
-    """Seconds of `embedder`'s word vectors of `sentences` in consecutive batches of `size` (the most a server with
-    `size` one-sentence clients can hold at once), in this process: one batch at a time on `threads` torch threads,
-    or `side_by_side` (the server's way) `threads` batches at a time, each a share of `size` on a thread of its own
-    with one torch thread."""
-    words_embedder = embedder.with_settings(pool=None, dtype="float32")
-    workers = threads if side_by_side else 1
-    share = -(-size // workers)
-    batches = [sentences[start : start + share] for start in range(0, len(sentences), share)]
-
-    def run(mine: list[list[list[str]]]) -> None:
-        set_threads(threads // workers)
-        for batch in mine:
-            for vectors in words_embedder.embed_sentences(batch):
-                embedder.pooled(vectors)
-
-    running = [threading.Thread(target=run, args=(batches[k::workers],)) for k in range(workers)]
+def streamed(embedder: ElmoEmbedder, sentences: list[list[str]], in_flight: int) -> float:
+    """Seconds of `embedder`'s vectors of `sentences` through its stream (`EmbedderStream`, the server's) holding
+    `in_flight` at a time, the next joining as one ends, in this process without HTTP: the most a server with
+    `in_flight` one-sentence clients can do."""
+    stream, joined = EmbedderStream(embedder), 0
     started = time.perf_counter()
-    for worker in running:
-        worker.start()
-    for worker in running:
-        worker.join()
+    while joined < len(sentences) or len(stream):
+        count = min(in_flight - len(stream), len(sentences) - joined)
+        stream.add(sentences[joined : joined + count], range(joined, joined + count))
+        joined += count
+        stream.advance()
     return time.perf_counter() - started
 
 
-def batch_sentences(url: str) -> tuple[float, float]:
-    """(batches run, their sentences) so far, from the server's /metrics."""
+def advance_sentences(url: str) -> tuple[float, float]:
+    """(advances of the stream, the sentences they held) so far, from the server's /metrics."""
     figures = dict(line.split() for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines()
-                   if line.startswith(("elmo_batch_sentences_count ", "elmo_batch_sentences_sum ")))
-    return float(figures["elmo_batch_sentences_count"]), float(figures["elmo_batch_sentences_sum"])
+                   if line.startswith(("elmo_advance_sentences_count ", "elmo_advance_sentences_sum ")))
+    return float(figures["elmo_advance_sentences_count"]), float(figures["elmo_advance_sentences_sum"])
 
 
 def median_seconds(call, calls: int) -> float:
@@ -296,36 +282,30 @@ def main() -> None:
     sentence = split_into_words(twenty, library.tokenizer.word_tokenizer)
     library_latency = median_seconds(lambda: library.embed_sentence(sentence), args.calls)
     sentences = [split_into_words(text, library.tokenizer.word_tokenizer) for text in texts]
-    ceilings = {clients: words / in_batches_of(library, sentences, clients, args.threads) for clients in args.clients}
-    beside = {clients: words / in_batches_of(library, sentences, clients, args.threads, side_by_side=True)
-              for clients in args.clients if args.threads > 1}
+    ceilings = {clients: words / streamed(library, sentences, clients) for clients in args.clients}
 
     server = Server(args.model, [], args.threads)
     try:
         print(f"elmo embed: {f'{batch_rate:,.0f}' if batch_rate else 'n/a'} words/s ({start_up:.1f} s of start-up "
               f"taken off {batch_seconds:.1f} s)")
         for clients in args.clients:
-            batches_before = batch_sentences(server.url)
+            advances_before = advance_sentences(server.url)
             seconds, served = asyncio.run(closed_loop(server.url, texts, clients, keep=200))
-            batches, held = (after - before for after, before in zip(batch_sentences(server.url), batches_before))
+            advances, held = (after - before for after, before in zip(advance_sentences(server.url), advances_before))
             difference = max(float(np.abs(a - b).max()) for a, b in zip(served, expected, strict=False))
             if clients == args.clients[0]:
                 requests_per_second = len(texts) / seconds
             print(f"elmo serve, {clients} clients: {words / seconds:,.0f} words/s ({len(texts) / seconds:,.1f} "
                   f"requests/s), x{f'{words / seconds / batch_rate:.2f}' if batch_rate else 'n/a'} elmo embed's (goal "
                   f"at 32: >= 0.85); its first {len(served)} vectors against elmo embed's: max abs diff "
-                  f"{difference:.1e}; {held / batches:.1f} sentences a batch. The library in batches of {clients} of "
-                  f"these sentences as they come, without HTTP: {ceilings[clients]:,.0f} words/s (x"
-                  f"{f'{ceilings[clients] / batch_rate:.2f}' if batch_rate else 'n/a'} elmo embed's) one at a time"
-                  + (f", {beside[clients]:,.0f} (x{f'{beside[clients] / batch_rate:.2f}' if batch_rate else 'n/a'}) "
-                     f"{args.threads} at a time of {-(-clients // args.threads)} on a thread each"
-                     if clients in beside else "")
-                  + f"; the server reaches x{words / seconds / max(ceilings[clients], beside.get(clients, 0)):.2f} "
-                  "of the faster")
+                  f"{difference:.1e}; {held / advances:.1f} sentences an advance. The library's stream of {clients} "
+                  f"of these sentences at a time, without HTTP: {ceilings[clients]:,.0f} words/s (x"
+                  f"{f'{ceilings[clients] / batch_rate:.2f}' if batch_rate else 'n/a'} elmo embed's); the server "
+                  f"reaches x{words / seconds / ceilings[clients]:.2f} of it")
 
         served_latency = asyncio.run(one_at_a_time(server.url, request_of(twenty), args.calls))
         print(f"one 20-word request: elmo serve {served_latency * 1000:.1f} ms, the library's embed_sentence "
-              f"{library_latency * 1000:.1f} ms: +{(served_latency - library_latency) * 1000:.1f} ms "
+              f"{library_latency * 1000:.1f} ms: {(served_latency - library_latency) * 1000:+.1f} ms "
               f"(x{served_latency / library_latency:.2f}; goal within 10 % or 5 ms)")
 
         before = server.rss()

@@ -670,8 +670,8 @@ def serve(
     port: Annotated[int, typer.Option(min=0, max=65535, help="The port to listen on.")] = SERVING.port,
     api_key: Annotated[str | None, typer.Option(envvar="API_KEY", help="Requests must send `Authorization: Bearer "
                                                 "KEY` (/health and /ping stay open).")] = None,
-    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Words of one batch across requests, and the most "
-                                                  "of one input (longer: 413, or cut with truncate).")] = (
+    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Words in the biLM at once across requests, and the "
+                                                  "most of one input (longer: 413, or cut with truncate).")] = (
         SERVING.max_batch_tokens),
     max_client_batch_size: Annotated[int, typer.Option(min=1, help="Inputs per request at most (more: 413).")] = (
         SERVING.max_client_batch_size),
@@ -708,9 +708,10 @@ def serve(
     (`POST /v1/embeddings`), so that `huggingface_hub.InferenceClient(base_url=...)`, the `openai` client, LangChain
     and LlamaIndex call it unchanged; `/docs` describes them.
 
-    Concurrent requests are batched together (at most --max-batch-tokens words a batch, longest first), off the
-    event loop, batches side by side on a share of --threads each (a lone request on all); each input's vector is
-    what `elmo embed` / `ElmoEmbedder` gives for its text with the same settings. Over --max-concurrent-requests a
+    Concurrent requests are batched continuously: their sentences join the biLM's steps as they come and leave as
+    they end (at most --max-batch-tokens words at once), off the event loop, in a lane a thread of --threads (a lone
+    request on all); each input's vector is what `elmo embed` / `ElmoEmbedder` gives for its text with the same
+    settings. Over --max-concurrent-requests a
     request gets 429 at once; errors are one JSON line (TEI's, OpenAI's on its routes). SIGTERM or Ctrl-C: no new
     requests, those held are answered, then the server exits.
     """

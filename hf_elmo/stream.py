@@ -4,8 +4,7 @@
 rows shrink), and a row that comes while it runs waits for the next batch. `ElmoStream` keeps the biLSTM going:
 `add` puts rows in (their char CNN now), and each `advance` runs every row in flight a few more steps, from the
 state it left them in, and hands back the rows that ended. Its steps then hold as many rows as are in flight,
-whenever they came and whatever their lengths: on a CPU, at 32 rows in flight, about the words a second of large
-batches (docs/serving.md).
+whenever they came and whatever their lengths, not a batch's dwindling rest (docs/serving.md, "Batching").
 
 An advance is the model's own `ElmoBiLstm.forward` through the kernels' recurrence (`ElmoKernels.lstm`) over each
 row's next positions: the forward LM's from the row's start, the backward LM's from its end, each layer over all

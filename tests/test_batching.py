@@ -1,142 +1,230 @@
-"""The server's batches across requests (`hf_elmo.serve.batching.Batcher`) on a machine of two threads, with a
-stand-in for the embedder that records each batch (its sentences, the threads it was given, the thread it ran on) and
-holds the batches a test names until the test lets them go: which batches run, and beside which, is decided by the
-batcher alone, never by a machine's speed."""
+"""The server's continuous batching (`hf_elmo.serve.batching.Streamer`) with a stand-in for the biLM's stream (one per
+lane) that records what each advance held and holds the advances a test names until the test lets them go: which
+sentences join which lane, when, and beside which, is decided by the streamer alone, never by a machine's speed. The
+real stream's vectors are `test_stream.py`'s; a real server's, `test_serve.py`'s."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
-from hf_elmo.serve.app import _thread_shares
-from hf_elmo.serve.batching import Batcher, BatchFailed
+from hf_elmo.serve.batching import BatchFailed, Streamer
 
-WAIT = 60  # seconds a held batch or a barrier waits at most before the test fails
+WAIT = 60  # seconds a held advance waits at most before the test fails
 
 
-class Embedder:
-    """`embed` for a `Batcher`: per sentence the vector [its first word's number, its length]; a batch holding a
-    sentence whose first word is in `held` waits for `go[word]`; `side_by_side` batches meet at a barrier first."""
+class Work:
+    """A stand-in `EmbedderStream`: a sentence ends after as many advances as it has words, its result [its first
+    word, its length]; an advance holding a sentence whose first word is in `held` waits for `go[word]`; a sentence
+    "bad" fails to join, an advance holding "boom" fails."""
 
-    def __init__(self, held: tuple[str, ...] = (), side_by_side: int = 0):
+    def __init__(self, held: tuple[str, ...] = (), given: dict[int, int] | None = None):
         self.go = {word: threading.Event() for word in held}
-        self.barrier = threading.Barrier(side_by_side, timeout=WAIT) if side_by_side else None
-        self.threads: dict[int, int] = {}  # thread → the torch threads it was last given
-        self.batches: list[tuple[list[str], int, int]] = []  # (first words, threads given, thread)
+        self.given = given  # the threads each thread was last given (a stand-in `set_threads`'s), if any
+        self.advance_threads: list[int] = []  # per advance, its thread's
+        self.rows: dict = {}  # key → (words, advances left)
+        self.added: list[list[str]] = []  # per join, the first words
+        self.advances: list[list[str]] = []  # per advance, the first words of the sentences it held
+        self.threads: list[int] = []  # torch's threads on the stream's thread, at each join
+        self.to_the_end: list[bool] = []  # per advance, whether it was to run every sentence to its end
 
-    def set_threads(self, count: int) -> None:
-        self.threads[threading.get_ident()] = count
+    def add(self, sentences, keys) -> None:
+        if any(words[0] == "bad" for words in sentences):
+            raise ValueError("a bad sentence")
+        self.threads.append(torch.get_num_threads())
+        self.added.append([words[0] for words in sentences])
+        self.rows.update((key, (words, len(words))) for key, words in zip(keys, sentences))
 
-    def embed(self, sentences: list[list[str]]) -> list[np.ndarray]:
-        me = threading.get_ident()
-        self.batches.append(([words[0] for words in sentences], self.threads[me], me))
-        if self.barrier is not None:
-            self.barrier.wait()
-        for words in sentences:
-            if words[0] in self.go:
-                assert self.go[words[0]].wait(WAIT), f"batch of {words[0]} held past {WAIT} s"
-        return [np.array([float(words[0][1:]), len(words)]) for words in sentences]
+    def advance(self, to_the_end: bool = False) -> list:
+        firsts = [words[0] for words, _ in self.rows.values()]
+        self.advances.append(firsts)
+        self.to_the_end.append(to_the_end)
+        if self.given is not None:
+            self.advance_threads.append(self.given[threading.get_ident()])
+        if "boom" in firsts:
+            raise RuntimeError("an advance that fails")
+        for word in firsts:
+            if word in self.go:
+                assert self.go[word].wait(WAIT), f"advance of {word} held past {WAIT} s"
+        ended = []
+        for key, (words, left) in list(self.rows.items()):
+            if left == 1:
+                del self.rows[key]
+                ended.append((key, [words[0], len(words)]))
+            else:
+                self.rows[key] = (words, left - 1)
+        return ended
+
+    def drop(self) -> list:
+        keys = list(self.rows)
+        self.rows.clear()
+        return keys
 
 
-def sentence(name: str, length: int = 3) -> list[str]:
+def sentence(name: str, length: int) -> list[str]:
     return [name, *["word"] * (length - 1)]
 
 
-def check(answer: list[np.ndarray], sentences: list[list[str]]) -> None:
-    assert [vector.tolist() for vector in answer] == [[float(s[0][1:]), len(s)] for s in sentences]
+async def until(condition) -> None:
+    for _ in range(WAIT * 100):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
 
 
 def run(test) -> None:
     asyncio.run(asyncio.wait_for(test(), WAIT))
 
 
-def test_what_is_queued_while_no_batch_runs_is_split_among_the_threads_and_run_side_by_side():
-    """Four one-sentence requests at once: two batches of two, one thread each, on two threads at once (they meet at
-    a barrier), each request its own vector."""
-    embedder = Embedder(side_by_side=2)
+def test_sentences_join_between_advances_as_they_come_and_leave_as_they_end():
+    """"a" (4 words) held in its first advance; "b" (2) comes meanwhile, joins at the next advance beside "a" and
+    leaves two advances later, while "a" goes on."""
+    work = Work(held=("a",))
 
     async def test() -> None:
-        batcher = Batcher(embedder.embed, 4096, threads=2, set_threads=embedder.set_threads)
-        batcher.start()
-        requests = [[sentence(f"s{i}", i + 2)] for i in range(4)]
-        answers = await asyncio.gather(*(batcher.vectors(request) for request in requests))
-        await batcher.stop()
-        for answer, request in zip(answers, requests):
-            check(answer, request)
+        streamer = Streamer(lambda: work, 100)
+        streamer.start()
+        a = asyncio.ensure_future(streamer.vectors([sentence("a", 4)]))
+        await until(lambda: work.advances)
+        b = asyncio.ensure_future(streamer.vectors([sentence("b", 2)]))
+        await until(lambda: streamer.queued == 1)
+        assert streamer.running == 1
+        work.go["a"].set()
+        assert await b == [["b", 2]] and await a == [["a", 4]]
+        await streamer.stop()
 
     run(test)
-    assert sorted((words, threads) for words, threads, _ in embedder.batches) == [(["s0", "s1"], 1),
-                                                                                   (["s2", "s3"], 1)]
-    assert len({thread for _, _, thread in embedder.batches}) == 2
+    assert work.advances == [["a"], ["a", "b"], ["a", "b"], ["a"]]
+    assert work.added == [["a"], ["b"]]
+    # "a" alone with none queued: to its end (the stand-in runs one step still); beside "b", or "b" queued: a few
+    assert work.to_the_end == [True, False, False, True]
 
 
-def test_a_lone_request_runs_on_all_the_threads_and_a_failing_batch_frees_them():
-    """One sentence alone: one batch on both threads (and again, on the same thread: OpenMP's team of a thread is
-    kept); a batch that fails fails its request only, and the next batch has both threads again."""
-    embedder = Embedder()
+def test_the_stream_holds_at_most_max_batch_tokens_words_and_sentences_join_in_arrival_order():
+    """At most 6 words in the stream: "b" (3 words) waits for "a" (4) to end, and "c" (2), which would fit beside "a",
+    waits behind "b"; then both join together."""
+    work = Work(held=("a",))
 
     async def test() -> None:
-        batcher = Batcher(embedder.embed, 4096, threads=2, set_threads=embedder.set_threads)
-        batcher.start()
-        check(await batcher.vectors([sentence("s1", 4)]), [sentence("s1", 4)])
-        check(await batcher.vectors([sentence("s2", 5)]), [sentence("s2", 5)])
-        with pytest.raises(BatchFailed, match="could not convert"):
-            await batcher.vectors([sentence("bad")])  # the stand-in's float("ad") fails: the batch fails
-        check(await batcher.vectors([sentence("s3")]), [sentence("s3")])
-        await batcher.stop()
+        streamer = Streamer(lambda: work, 6)
+        streamer.start()
+        a = asyncio.ensure_future(streamer.vectors([sentence("a", 4)]))
+        await until(lambda: work.advances)
+        rest = asyncio.ensure_future(streamer.vectors([sentence("b", 3), sentence("c", 2)]))
+        await until(lambda: streamer.queued == 2)
+        work.go["a"].set()
+        assert await a == [["a", 4]] and await rest == [["b", 3], ["c", 2]]
+        await streamer.stop()
 
     run(test)
-    assert [(words, threads) for words, threads, _ in embedder.batches] == [
-        (["s1"], 2), (["s2"], 2), (["bad"], 2), (["s3"], 2)]
-    assert len({thread for _, _, thread in embedder.batches}) == 1
+    assert work.advances == [["a"]] * 4 + [["b", "c"], ["b", "c"], ["b"]]
+    assert work.added == [["a"], ["b", "c"]]
 
 
-def test_a_free_thread_waits_for_as_many_sentences_as_the_running_batch_holds_then_runs_beside_it():
-    """Two requests of four sentences at once: a batch of four on each thread, both held. The second let go, its
-    thread is free while the first still runs: one sentence queued does not start a batch; four do, as one batch on
-    that thread, answered while the first batch still runs. No more threads than the machine's are ever given."""
-    embedder = Embedder(held=("a0", "b0"))
+def test_sentences_that_fail_to_join_fail_their_request_and_a_failing_advance_fails_those_in_flight_only():
+    """"bad" fails its request alone; "boom" joins beside the held "x", and the advance holding both fails both
+    requests; the stream then starts again empty and "y" is answered."""
+    work = Work(held=("x",))
 
     async def test() -> None:
-        batcher = Batcher(embedder.embed, 4096, threads=2, set_threads=embedder.set_threads)
-        batcher.start()
-        a = [sentence(f"a{i}") for i in range(4)]
-        b = [sentence(f"b{i}") for i in range(4)]
-        first, second = (asyncio.ensure_future(batcher.vectors(request)) for request in (a, b))
-        while len(embedder.batches) < 2:
-            await asyncio.sleep(0.01)
-        embedder.go["b0"].set()
-        check(await second, b)
-        c = [sentence("c1")]
-        one = asyncio.ensure_future(batcher.vectors(c))
-        await asyncio.sleep(0.3)  # time enough to start a batch of it, were that the rule
-        assert len(embedder.batches) == 2 and batcher.queued == 1
-        d = [sentence(f"d{i}") for i in range(3)]
-        check(await batcher.vectors(d), d)
-        check(await one, c)
-        assert not first.done()  # the first batch is still held
-        embedder.go["a0"].set()
-        check(await first, a)
-        await batcher.stop()
+        streamer = Streamer(lambda: work, 100)
+        streamer.start()
+        with pytest.raises(BatchFailed, match="a bad sentence"):
+            await streamer.vectors([sentence("bad", 2)])
+        x = asyncio.ensure_future(streamer.vectors([sentence("x", 3)]))
+        await until(lambda: work.advances)
+        boom = asyncio.ensure_future(streamer.vectors([sentence("boom", 2)]))
+        await until(lambda: streamer.queued == 1)
+        work.go["x"].set()
+        for request in (x, boom):
+            with pytest.raises(BatchFailed, match="an advance that fails"):
+                await request
+        assert await streamer.vectors([sentence("y", 2)]) == [["y", 2]]
+        assert streamer.running == 0 and streamer.alive
+        await streamer.stop()
+        assert not streamer.alive
 
     run(test)
-    assert [(words, threads) for words, threads, _ in embedder.batches] == [
-        (["a0", "a1", "a2", "a3"], 1), (["b0", "b1", "b2", "b3"], 1), (["c1", "d0", "d1", "d2"], 1)]
+    assert work.added == [["x"], ["boom"], ["y"]]
 
 
-def test_on_a_cpu_as_many_batches_as_torch_threads_on_a_gpu_one_with_all_of_them():
+def test_a_request_whose_client_went_away_before_it_joined_is_dropped_from_the_queue():
+    work = Work(held=("a",))
+
+    async def test() -> None:
+        streamer = Streamer(lambda: work, 100)
+        streamer.start()
+        a = asyncio.ensure_future(streamer.vectors([sentence("a", 2)]))
+        await until(lambda: work.advances)
+        gone = asyncio.ensure_future(streamer.vectors([sentence("gone", 2)]))
+        await until(lambda: streamer.queued == 1)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        assert streamer.queued == 0
+        work.go["a"].set()
+        assert await a == [["a", 2]]
+        assert await streamer.vectors([sentence("c", 2)]) == [["c", 2]]
+        await streamer.stop()
+
+    run(test)
+    assert work.added == [["a"], ["c"]]
+
+
+def test_on_two_lanes_sentences_at_once_are_shared_and_a_sentence_alone_runs_on_all_the_threads():
+    """Two lanes, two threads: four sentences at once, two on each lane (held until all four have joined), each lane
+    on one thread; then a sentence alone runs to its end on both threads, and its lane is back to one after."""
+    given: dict[int, int] = {}
+    works: list[Work] = []
+
+    def make_work() -> Work:
+        works.append(Work(held=tuple(f"h{i}" for i in range(4)), given=given))
+        return works[-1]
+
+    def set_threads(count: int) -> None:
+        given[threading.get_ident()] = count
+
+    async def test() -> None:
+        streamer = Streamer(make_work, 100, lanes=2, threads=2, set_threads=set_threads)
+        streamer.start()
+        together = asyncio.ensure_future(streamer.vectors([sentence(f"h{i}", 2) for i in range(4)]))
+        await until(lambda: all(work.advances for work in works))
+        assert sorted(len(work.added[0]) for work in works) == [2, 2] and streamer.running == 4
+        for work in works:
+            for event in work.go.values():
+                event.set()
+        assert await together == [[f"h{i}", 2] for i in range(4)]
+        assert await streamer.vectors([sentence("alone", 3)]) == [["alone", 3]]
+        await streamer.stop()
+
+    run(test)
+    held = [work for work in works if ["alone"] not in work.advances]
+    lone = [work for work in works if ["alone"] in work.advances]
+    assert len(held) == 1 and len(lone) == 1
+    assert held[0].advance_threads == [1, 1] and held[0].to_the_end == [False, False]
+    lone_advances = [i for i, firsts in enumerate(lone[0].advances) if firsts == ["alone"]]
+    # the stand-in runs one step an advance: each of the three alone, to the end, on both threads
+    assert [lone[0].advance_threads[i] for i in lone_advances] == [2, 2, 2]
+    assert [lone[0].to_the_end[i] for i in lone_advances] == [True] * 3
+    assert sorted(set(given.values())) == [1]  # each lane's thread back to its share
+
+
+def test_a_lanes_thread_is_given_its_torch_threads():
+    """OpenMP's thread count is per thread: a lane's thread, given one fewer than torch's default here, has them (a
+    thread left at the default would differ on any machine of two cores or more)."""
     before = torch.get_num_threads()
+    work = Work()
     try:
-        torch.set_num_threads(2)
-        assert _thread_shares(SimpleNamespace(device=torch.device("cpu"))) == (2, torch.set_num_threads)
-        batches, give = _thread_shares(SimpleNamespace(device=torch.device("cuda")))
-        torch.set_num_threads(1)
-        give(1)  # a GPU's one batch: all of the threads whatever it is asked
-        assert batches == 1 and torch.get_num_threads() == 2
+        async def test() -> None:
+            streamer = Streamer(lambda: work, 100, threads=max(1, before - 1), set_threads=torch.set_num_threads)
+            streamer.start()
+            assert await streamer.vectors([sentence("a", 1)]) == [["a", 1]]
+            await streamer.stop()
+
+        run(test)
     finally:
         torch.set_num_threads(before)
+    assert work.threads == [max(1, before - 1)]

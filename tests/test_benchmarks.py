@@ -126,8 +126,8 @@ def test_bench_serve_prints_each_figure_beside_its_reference(tiny_model_dir):
     served = re.search(r"elmo serve, 4 clients: [\d,]+ words/s .* x([\d.]+|n/a) elmo embed's .* max abs diff "
                        r"([\d.e+-]+)", lines[2])
     assert served and float(served[2]) < 1e-5, lines[2]
-    ceiling = re.search(r"; ([\d.]+) sentences a batch\. The library in batches of 4 .*: ([\d,]+) words/s .* one at "
-                        r"a time; the server reaches x([\d.]+) of the faster$", lines[2])
+    ceiling = re.search(r"; ([\d.]+) sentences an advance\. The library's stream of 4 .*: ([\d,]+) words/s .* the "
+                        r"server reaches x([\d.]+) of it$", lines[2])
     assert ceiling and 1 <= float(ceiling[1]) <= 4 and float(ceiling[3]) > 0, lines[2]
     assert re.search(r"one 20-word request: elmo serve [\d.]+ ms, the library's embed_sentence [\d.]+ ms", lines[3])
     assert lines[4].startswith("memory: RSS ") and "40 requests" in lines[4]

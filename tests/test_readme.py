@@ -224,7 +224,9 @@ def run_commands(commands: list[tuple[str, bool]], cwd: Path, env: dict[str, str
 @pytest.fixture(scope="module")
 def services(tmp_path_factory) -> dict[str, str]:
     """The environment of the documents' commands: published models from a local server (AllenNLP's the fixture
-    weights, ELMoForManyLangs' a random model in its format), a fake Hub, no bars."""
+    weights, ELMoForManyLangs' a random model in its format), a fake Hub, no bars, and `ray.init()` starting a cluster
+    of its own (RAY_ADDRESS=local: without it, it joins the last cluster started on the machine, which another test
+    worker's Ray tests may be running)."""
     from efml_fixtures import efml_archive, efml_files, make_efml_model
     from fake_hub import FakeHub, hub_env
 
@@ -234,7 +236,7 @@ def services(tmp_path_factory) -> dict[str, str]:
                          **efml_files(archive)})
     with FakeHub() as hub:
         yield {**hub_env(hub.url, tmp_path_factory.mktemp("hf_home")), "ELMO_PUBLISHED_ENDPOINT": server.url,
-               "ELMO_EFML_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0", "TQDM_DISABLE": "1"}
+               "ELMO_EFML_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0", "TQDM_DISABLE": "1", "RAY_ADDRESS": "local"}
     server.close()
 
 

@@ -5,8 +5,9 @@ place, SIGTERM answering what is held; memory flat over many requests. On Ray Se
 listens on loopback only and is gone with the server; on two nodes, requests spread over the replicas, one replica
 killed mid-load, the other answering, every answer its own input's vector.
 
-A server whose batches a test must hold or make fail is `tests/serve_app.py` (the same app, its batches' work
-wrapped: a gate file, and a batch with the word FAIL fails); every server is ended with its test (`processes`)."""
+A server whose stream a test must hold or make fail is `tests/serve_app.py` (the same app, its stream's work
+wrapped: a gate file holds its advances, and sentences with the word FAIL fail); every server is ended with its test
+(`processes`)."""
 
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def test_teis_routes_and_shapes(server, library):
     assert info["max_client_batch_size"] == 8 and info["max_batch_tokens"] == 40 and info["settings"]["pool"] == "mean"
     assert httpx.get(f"{server}/ping").status_code == 200 and httpx.get(f"{server}/docs").status_code == 200
     metrics = httpx.get(f"{server}/metrics").text
-    assert 'elmo_requests_total{route="/embed",status="200"}' in metrics and "elmo_batch_words_bucket" in metrics
+    assert 'elmo_requests_total{route="/embed",status="200"}' in metrics and "elmo_joined_words_bucket" in metrics
 
 
 def test_bad_requests_are_one_json_line_with_their_status(server):
@@ -201,7 +202,8 @@ def test_bad_requests_are_one_json_line_with_their_status(server):
 
 @pytest.fixture
 def held(tmp_path, tiny_model_dir, processes):
-    """`held(**options)`: a `serve_app.py` server whose batches wait while its gate file exists; (url, gate)."""
+    """`held(**options)`: a `serve_app.py` server whose stream's advances wait while its gate file exists; (url,
+    gate)."""
 
     def start(**options) -> tuple[str, Path]:
         gate = tmp_path / f"gate-{len(processes.started)}"
@@ -213,8 +215,7 @@ def held(tmp_path, tiny_model_dir, processes):
 
 
 def gauge(url: str, name: str) -> float:
-    """A gauge of /metrics (`elmo_queue_sentences`: waiting for a batch; `elmo_running_sentences`: in the batches
-    being embedded)."""
+    """A gauge of /metrics (`elmo_queue_sentences`: waiting to join the stream; `elmo_running_sentences`: in it)."""
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         if line.startswith(f"{name} "):
             return float(line.split()[1])
@@ -229,13 +230,18 @@ def running(url: str) -> float:
     return gauge(url, "elmo_running_sentences")
 
 
-def batches(url: str) -> tuple[float, float]:
-    """(batches run, their sentences), as /metrics says."""
+def histogram(url: str, name: str) -> tuple[float, float]:
+    """(count, sum) of a histogram of /metrics: `elmo_joined_sentences` (groups of sentences that joined the stream
+    together, their sentences), `elmo_advance_sentences` (advances, the sentences each held)."""
     found = {}
     for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(("elmo_batch_sentences_count ", "elmo_batch_sentences_sum ")):
+        if line.startswith((f"{name}_count ", f"{name}_sum ")):
             found[line.split()[0]] = float(line.split()[1])
-    return found.get("elmo_batch_sentences_count", 0.0), found.get("elmo_batch_sentences_sum", 0.0)
+    return found.get(f"{name}_count", 0.0), found.get(f"{name}_sum", 0.0)
+
+
+def joined(url: str) -> tuple[float, float]:
+    return histogram(url, "elmo_joined_sentences")
 
 
 def wait_until(condition, timeout: float = 60):
@@ -252,40 +258,43 @@ async def concurrently(url: str, bodies: list[dict], path: str = "/embed") -> li
 
 
 def test_concurrent_requests_are_batched_together_and_each_gets_its_own_vectors(held, library):
-    """The first batch held: the others queue, then run as one batch; every answer is its own input's vectors."""
+    """The first sentence's advance held: the others queue, then join the stream together, beside it; every answer
+    is its own input's vectors."""
     url, gate = held(max_batch_tokens=4096)
     gate.touch()
     texts = [f"sentence {i} with {'more ' * (i % 7)}words" for i in range(12)]
 
     async def run() -> list[httpx.Response]:
         first = asyncio.ensure_future(concurrently(url, [{"inputs": texts[0], "normalize": False}]))
-        await asyncio.to_thread(wait_until, lambda: running(url) == 1)  # held in the first batch
+        await asyncio.to_thread(wait_until, lambda: running(url) == 1)  # held in the stream
         rest = asyncio.ensure_future(concurrently(url, [{"inputs": t, "normalize": False} for t in texts[1:]]))
         await asyncio.to_thread(wait_until, lambda: queued(url) == len(texts) - 1)
         gate.unlink()
         return [*(await first), *(await rest)]
 
     answers = asyncio.run(run())
-    assert batches(url) == (2.0, 12.0)  # the held one, then the 11 that queued meanwhile, together
+    assert joined(url) == (2.0, 12.0)  # the held one, then the 11 that queued meanwhile, together
+    advances, held_sentences = histogram(url, "elmo_advance_sentences")
+    assert held_sentences > advances  # advances held several sentences at once
     for text, answer in zip(texts, answers):
         np.testing.assert_allclose(np.array(answer.json()[0]), library(text)[0], atol=1e-5, rtol=0)
 
 
-def test_with_two_threads_batches_run_beside_each_other_and_each_request_gets_its_own_vectors(tiny_model_dir,
-                                                                                              processes, library):
-    """`elmo serve --threads 2`: requests at once are split into batches on a thread each (test_batching.py holds
-    the rule); the embedder, run by two threads at once, gives every request its own input's vectors."""
+def test_with_two_threads_requests_at_once_share_the_streams_steps_and_each_gets_its_own_vectors(tiny_model_dir,
+                                                                                                 processes, library):
+    """`elmo serve --threads 2`: 40 requests at once join the stream as they come and leave as they end
+    (test_batching.py holds the rule); every request gets its own input's vectors."""
     url = started(processes, elmo_serve(tiny_model_dir, "--threads", 2))
     texts = [f"request {i} about {'more ' * (i % 5)}rivers and banks" for i in range(40)]
     for _ in range(2):
         answers = asyncio.run(concurrently(url, [{"inputs": text, "normalize": False} for text in texts]))
         for text, answer in zip(texts, answers):
             np.testing.assert_allclose(np.array(answer.json()[0]), library(text)[0], atol=1e-5, rtol=0)
-    assert batches(url)[1] == 2 * len(texts)
+    assert joined(url)[1] == 2 * len(texts)
 
 
 def test_over_the_concurrent_requests_429_at_once_and_a_client_that_goes_away_frees_its_place(held):
-    """Three places: two requests held in the batches and one raw client take them; a fourth gets 429 at once. The
+    """Three places: two requests held in the stream and one raw client take them; a fourth gets 429 at once. The
     raw client goes away: its sentence leaves the queue and its place takes a new request."""
     url, gate = held(max_concurrent_requests=3)
     gate.touch()
@@ -309,16 +318,16 @@ def test_over_the_concurrent_requests_429_at_once_and_a_client_that_goes_away_fr
         assert [r.status_code for r in [*(await held_requests), *(await after)]] == [200, 200, 200]
 
     asyncio.run(run())
-    assert batches(url)[1] == 3.0  # "gone" was dropped from the queue: one, then two and after
+    assert joined(url)[1] == 3.0  # "gone" was dropped from the queue: one, two and after joined
 
 
-def test_a_failing_batch_fails_its_requests_with_424_and_the_server_goes_on(held):
+def test_sentences_that_fail_fail_their_requests_with_424_and_the_server_goes_on(held):
     url, _ = held()
     answer = post(url, "/embed", {"inputs": ["fine", "this will FAIL here"]})
-    assert one_line_error(answer, 424, "backend") == ("the batch of this request failed: a batch that fails (FAIL in "
-                                                      "it)")
+    assert one_line_error(answer, 424, "backend") == ("the biLM failed on this request: sentences that fail (FAIL in "
+                                                      "one)")
     message = one_line_error(post(url, "/v1/embeddings", {"input": "FAIL"}), 424, "backend", openai=True)
-    assert message.startswith("the batch of this request failed")
+    assert message.startswith("the biLM failed on this request")
     assert post(url, "/embed", {"inputs": "fine again"}).status_code == 200
 
 
@@ -329,7 +338,7 @@ def test_with_an_api_key_nothing_is_computed_without_it(tiny_model_dir, processe
         one_line_error(post(url, "/v1/embeddings", {"input": "a"}, headers=headers), 401, "unauthorized", openai=True)
     assert httpx.get(f"{url}/health").status_code == 200  # probes stay open
     metrics = httpx.get(f"{url}/metrics", headers={"authorization": "Bearer s3cret"}).text
-    assert "elmo_batch_sentences_count 0.0" in metrics
+    assert "elmo_joined_sentences_count 0.0" in metrics
     assert post(url, "/embed", {"inputs": "a"}, headers={"authorization": "Bearer s3cret"}).status_code == 200
     server = processes.started[-1]
     server.send_signal(signal.SIGTERM)

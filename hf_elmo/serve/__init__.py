@@ -2,7 +2,8 @@
 an `ElmoEmbedder`, batched across requests.
 
 - `options`: `ServeOptions`, the server's address and limits (TEI's names); read by `elmo` without the package.
-- `batching`: `Batcher`, the sentences of concurrent requests in batches of at most `max_batch_tokens` words.
+- `batching`: `Streamer`, the sentences of concurrent requests joining and leaving the biLM's steps (continuous
+  batching), at most `max_batch_tokens` words at once.
 - `app`: `create_app`, the FastAPI app: routes, errors in one line, authorization, limits.
 - `metrics`: its Prometheus metrics.
 - `server`: `serve`, the app run by uvicorn in this process; `ray_serve`: the same app on Ray Serve.

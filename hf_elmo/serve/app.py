@@ -5,13 +5,13 @@ Routes (TEI's request and response shapes): `POST /embed` (one vector per input:
 unit length with `normalize`), `POST /embed_all` (each input's word vectors), `POST /v1/embeddings` and `/embeddings`
 (OpenAI's), `POST /` and `/invocations` (as `/embed`), `POST /tokenize` (the model's words), `GET /health`, `/ping`,
 `/info`, `/metrics` (Prometheus), `/docs`. Every input's vectors are what `ElmoEmbedder` gives for the same text with
-the same settings, whatever requests it is batched with (`batching.Batcher`).
+the same settings, whatever requests it is batched with (`batching.Streamer`).
 
 Every error is one JSON line: TEI's `{"error": ..., "error_type": ...}`, OpenAI's `{"error": {"message", "type",
 "param", "code"}}` on its routes: 401 without the API key (nothing computed), 413 a body over `payload_limit`, more
 inputs than `max_client_batch_size` or an input too long, 422 a body that is not JSON of the route's shape (invalid
 UTF-8, no input, an input that is not text, an empty list), 429 over `max_concurrent_requests` (at once, never
-queued), 424 a batch that failed (the server goes on).
+queued), 424 a request whose sentences failed in the biLM (the server goes on).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from starlette.datastructures import Headers
 
 from ..text import split_into_words
 from ..tokenization_elmo import word_spans
-from .batching import Batcher, BatchFailed
+from .batching import BatchFailed, Streamer, StreamWork
 from .metrics import Metrics
 from .options import ServeOptions
 
@@ -79,24 +79,26 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool = True
 
 
-def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = None) -> FastAPI:
+def create_app(embedder: Any, options: ServeOptions, make_work: Callable[[], StreamWork] | None = None) -> FastAPI:
     """The app serving `embedder` (an `ElmoEmbedder`; its settings give `/embed`'s vector, its layers `/embed_all`'s)
-    within `options`. `embed` (`batch_work(embedder)`'s kind of function) replaces it for the batches (tests wrap
-    it to hold a batch or make one fail)."""
+    within `options`. `make_work` makes what each lane of the stream runs (an `EmbedderStream` of `embedder` by
+    default; tests wrap it to hold an advance or make sentences fail)."""
+    from ..embed.streaming import EmbedderStream
+
     metrics = Metrics()
-    threads, set_threads = _thread_shares(embedder)
-    batcher = Batcher(embed or batch_work(embedder), options.max_batch_tokens, metrics.batch_done, threads,
-                      set_threads)
+    lanes, threads, set_threads = _lanes(embedder)
+    streamer = Streamer(make_work or (lambda: EmbedderStream(embedder)), options.max_batch_tokens, lanes, threads,
+                        set_threads, metrics.joined, metrics.advanced)
     state = {"serving": 0}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        batcher.start()
+        streamer.start()
         yield
-        await batcher.stop()
+        await streamer.stop()
 
     app = FastAPI(title="ELMo embeddings", description=__doc__.split("\n\n")[0], lifespan=lifespan)
-    app.state.metrics, app.state.batcher = metrics, batcher
+    app.state.metrics, app.state.streamer = metrics, streamer
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> Response:
@@ -104,12 +106,12 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
 
     app.add_middleware(Guard, options=options, metrics=metrics, state=state)
 
-    _embedding_routes(app, _Serving(embedder, options, batcher))
+    _embedding_routes(app, _Serving(embedder, options, streamer))
 
-    @app.get("/health", summary="200 once the model is loaded and batches run")
+    @app.get("/health", summary="200 once the model is loaded and its stream runs")
     async def health() -> Response:
-        if not batcher.alive:
-            raise ApiError(503, "the batches do not run", "unhealthy")
+        if not streamer.alive:
+            raise ApiError(503, "the stream does not run", "unhealthy")
         return Response(status_code=200)
 
     @app.get("/ping", summary="As /health (SageMaker's)")
@@ -122,7 +124,7 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus() -> Response:
-        return PlainTextResponse(metrics.exposition(batcher.queued, batcher.running, state["serving"]),
+        return PlainTextResponse(metrics.exposition(streamer.queued, streamer.running, state["serving"]),
                                  media_type=metrics.content_type)
 
     return app
@@ -130,11 +132,11 @@ def create_app(embedder: Any, options: ServeOptions, embed: Callable | None = No
 
 @dataclass(frozen=True)
 class _Serving:
-    """What the embedding routes share: the embedder, the server's limits, the batches."""
+    """What the embedding routes share: the embedder, the server's limits, the stream."""
 
     embedder: Any
     options: ServeOptions
-    batcher: Batcher
+    streamer: Streamer
 
     def sentences(self, inputs: str | list[str], truncate: bool | None,
                   direction: str = "right") -> tuple[list[str], list[list[str]]]:
@@ -158,9 +160,9 @@ class _Serving:
         return texts, sentences
 
     async def computed(self, request: Request, sentences: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per sentence its float32 word vectors and its vector (`batch_work`), from the batches; a client that goes
-        away frees its place."""
-        work = asyncio.ensure_future(self.batcher.vectors(sentences))
+        """Per sentence its float32 word vectors and its vector (`EmbedderStream`), from the stream; a client that
+        goes away frees its place."""
+        work = asyncio.ensure_future(self.streamer.vectors(sentences))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -169,7 +171,7 @@ class _Serving:
                 raise ApiError(499, "the client closed the request", "cancelled")
             return work.result()
         except BatchFailed as error:
-            raise ApiError(424, f"the batch of this request failed: {error}", "backend") from None
+            raise ApiError(424, f"the biLM failed on this request: {error}", "backend") from None
         finally:
             gone.cancel()
 
@@ -265,26 +267,15 @@ class Guard:
                                   time.perf_counter() - started)
 
 
-def batch_work(embedder: Any) -> Callable[[list[Sequence[str]]], list[tuple[np.ndarray, np.ndarray]]]:
-    """What a batch runs: sentences → per sentence its float32 word vectors (`embedder`'s layers) and its vector
-    (`embedder.pooled`). All of torch's work runs here, on the batches' threads: the event loop's thread running
-    torch ops would start an OpenMP team beside theirs, on cores they use (a one-sentence request twice as slow on two
-    cores; docs/serving.md)."""
-    words_embedder = embedder.with_settings(pool=None, dtype="float32")
-    return lambda sentences: [(vectors, embedder.pooled(vectors))
-                              for vectors in words_embedder.embed_sentences(sentences)]
-
-
-def _thread_shares(embedder: Any) -> tuple[int, Callable[[int], None]]:
-    """How many batches may run at once, and what gives a batch's thread its share of torch's threads (OpenMP's
-    setting is per thread): on a CPU, as many as this thread's torch threads, each its share of them; on a GPU one,
-    with all of them."""
+def _lanes(embedder: Any) -> tuple[int, int, Callable[[int], None]]:
+    """The stream's lanes, torch's threads in all, and what gives a lane's thread its share (OpenMP's setting is per
+    thread): on a CPU a lane a torch thread, on a GPU one lane with all of them. All of torch's work, the pooling
+    included, runs on the lanes' threads: the event loop's thread running torch ops would start an OpenMP team beside
+    theirs, on the cores they use (docs/serving.md)."""
     import torch
 
     threads = torch.get_num_threads()
-    if embedder.device.type != "cpu":
-        return 1, lambda _: torch.set_num_threads(threads)
-    return threads, torch.set_num_threads
+    return (threads if embedder.device.type == "cpu" else 1), threads, torch.set_num_threads
 
 
 async def _body(request: Request, model: type[BaseModel], options: ServeOptions) -> Any:

@@ -1,195 +1,247 @@
-"""Dynamic batching for a server: the sentences of concurrent requests gathered into batches of at most
-`max_batch_tokens` words, run off the event loop on threads of their own, each request answered as soon as the batch
-holding its last sentence is done.
+"""Continuous batching for a server: the sentences of concurrent requests join the biLM's steps as they come and
+leave as they end (`hf_elmo.stream`), on threads of their own, each request answered as soon as its last sentence
+has ended.
 
-The batches share the server's torch threads, each taking its share when it starts. With no batch running, what is
-queued is split among the threads, a batch each (a lone sentence takes them all): on a CPU, small batches side by
-side on one thread each embed more words a second than one batch on all of them (docs/serving.md), and while one
-runs, the answers of another go out and its clients' next requests come in. With batches running, the next takes
-the threads they left free once it holds as many sentences a thread as they do: batches keep their size instead of
-the free threads taking each sentence as it comes. A batch on several threads runs on the thread of the first
-(OpenMP's team of a thread is kept: two teams on the same cores spin against each other).
+The sentences run in lanes, each a stream of its own (`work`: an `EmbedderStream`) on a thread of its own: on a CPU
+one lane a torch thread, each on one of them (a stream on one thread loses nothing to OpenMP's teams waiting for a
+thread that the event loop holds; docs/serving.md), on a GPU one lane. Between two advances of a few steps, a lane
+takes queued sentences in arrival order, up to its share of all those in flight and queued, while the lanes hold at
+most `max_batch_tokens` words (an empty lane takes one in any case); then its sentences advance, and those that
+ended are answered. A sentence never waits for a batch to end, nor for another's clients: the steps hold as many
+sentences as are in flight. A sentence alone in the server, none queued, runs to its end in one advance on all the
+threads (as the library runs one sentence), on the first lane: one that comes meanwhile waits at most that sentence's
+time. Only the first lane's thread ever runs on more than its share: OpenMP's teams of two threads would otherwise
+hold more threads than the cores, and every team then waits for its threads asleep (a sentence twice as slow).
 
-After a batch, its threads wait (a tenth of that batch's time at most) until as many sentences are queued as that
-batch held: the clients it answered send their next requests meanwhile. Without it, clients that each wait for their
-answer split into ever smaller batches, and the throughput falls (`bench_serve.py`); a lone request (its last batch
-held one sentence) never waits.
-
-A request whose client went away before its sentences were batched is dropped from the queue; a batch that fails
-fails the requests it holds (`BatchFailed`) and the next batch runs.
+A request whose client went away before its sentences joined is dropped from the queue. Sentences that fail to join
+fail their requests (`BatchFailed`); an advance that fails fails the requests with sentences in that lane, which
+starts again empty.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 
 class BatchFailed(RuntimeError):
-    """The batch holding a request's sentences failed (its one line)."""
+    """The sentences of a request failed in the biLM (their one line)."""
+
+
+class StreamWork(Protocol):
+    """What a lane runs (`hf_elmo.embed.streaming.EmbedderStream`)."""
+
+    def add(self, sentences: Sequence[Sequence[str]], keys: Sequence[Hashable]) -> None: ...
+
+    def advance(self, to_the_end: bool = False) -> list[tuple[Hashable, Any]]: ...
+
+    def drop(self) -> list[Hashable]: ...
 
 
 @dataclass(eq=False)
 class _Request:
-    """One request's sentences on their way through the batches: their vectors as they come, and the future the
-    request awaits."""
+    """One request's sentences on their way through the lanes: their results as they come, and the future the
+    request awaits (on the event loop)."""
 
     sentences: Sequence[Sequence[str]]
     future: asyncio.Future
-    vectors: list[np.ndarray | None] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
     left: int = 0
     cancelled: bool = False
 
 
-class Batcher:
-    """Batches across requests for `embed` (sentences → per sentence its vectors), up to `threads` at once, each on
-    a thread of its own that `set_threads(n)` gives its share of torch's threads before it runs. `on_batch(sentences,
-    words, seconds)` is called after each batch that ran (the metrics)."""
+@dataclass(eq=False)
+class _Lane:
+    """A stream on a thread of its own, and its sentences in flight (each → its words)."""
 
-    def __init__(self, embed: Callable[[list[Sequence[str]]], list[np.ndarray]], max_batch_tokens: int,
-                 on_batch: Callable[[int, int, float], Any] | None = None, threads: int = 1,
-                 set_threads: Callable[[int], Any] | None = None):
-        self.embed, self.max_batch_tokens, self.on_batch = embed, max_batch_tokens, on_batch
-        self.threads, self.set_threads = threads, set_threads
+    work: StreamWork
+    in_flight: dict[tuple[_Request, int], int] = field(default_factory=dict)
+    thread: threading.Thread | None = None
+
+
+class Streamer:
+    """Requests' sentences through `lanes` streams, each made by `make_work()`, on a thread that `set_threads(n)`
+    gives n torch threads (OpenMP's setting is per thread): `threads` in all, shared among the lanes. `on_join(
+    sentences, words)` is called for each group of sentences that joined a lane together and `on_advance(sentences,
+    seconds)` after each advance (the metrics), on the lane's thread."""
+
+    def __init__(self, make_work: Callable[[], StreamWork], max_batch_tokens: int, lanes: int = 1, threads: int = 1,
+                 set_threads: Callable[[int], Any] | None = None, on_join: Callable[[int, int], Any] | None = None,
+                 on_advance: Callable[[int, float], Any] | None = None):
+        self.max_batch_tokens, self.threads, self.set_threads = max_batch_tokens, threads, set_threads
+        self.on_join, self.on_advance = on_join, on_advance
+        self.lanes = [_Lane(make_work()) for _ in range(lanes)]
         self.queue: deque[tuple[_Request, int]] = deque()
-        self.executors = [ThreadPoolExecutor(1, thread_name_prefix=f"elmo-batches-{i}") for i in range(threads)]
-        self.free = list(range(threads))  # the threads (their executors) that no batch holds, lowest first
-        self.running = 0  # sentences of the batches being embedded now
-        self._running_threads = 0  # threads of the batches being embedded now
-        self._gathering = 0  # batches done, whose threads wait for their clients' next sentences
-        self._batches: set[asyncio.Task] = set()
-        self._changed: asyncio.Condition | None = None
-        self._task: asyncio.Task | None = None
+        self._changed = threading.Condition()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        self._changed = asyncio.Condition()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._loop = asyncio.get_running_loop()
+        for index, lane in enumerate(self.lanes):
+            lane.thread = threading.Thread(target=self._run, args=(lane,), name=f"elmo-lane-{index}", daemon=True)
+            lane.thread.start()
 
     async def stop(self) -> None:
-        tasks = [task for task in (self._task, *self._batches) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for executor in self.executors:
-            executor.shutdown(wait=True)
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        for lane in self.lanes:
+            if lane.thread is not None:
+                await asyncio.to_thread(lane.thread.join)
 
     @property
     def alive(self) -> bool:
-        """Whether batches run (started, not stopped)."""
-        return self._task is not None and not self._task.done()
+        """Whether every lane runs (started, not stopped)."""
+        return not self._stopping and all(lane.thread is not None and lane.thread.is_alive() for lane in self.lanes)
 
     @property
     def queued(self) -> int:
-        """Sentences waiting for a batch (not those of requests gone or failed, dropped when their turn comes)."""
-        return sum(1 for request, _ in self.queue if not (request.cancelled or request.future.done()))
+        """Sentences waiting to join (not those of requests gone or failed, dropped when their turn comes)."""
+        with self._changed:
+            return self._queued()
 
-    async def vectors(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
-        """Each sentence's vectors, computed in the batches; `BatchFailed` when one of them fails. Cancelled (the
-        client went away), its sentences not yet batched are dropped."""
-        request = _Request(sentences, asyncio.get_running_loop().create_future(), [None] * len(sentences),
-                           len(sentences))
+    @property
+    def running(self) -> int:
+        """Sentences in the lanes."""
+        return sum(len(lane.in_flight) for lane in self.lanes)
+
+    async def vectors(self, sentences: Sequence[Sequence[str]]) -> list[Any]:
+        """Each sentence's result from its lane's `work`; `BatchFailed` when one of them fails. Cancelled (the
+        client went away), its sentences not yet joined are dropped."""
         if not sentences:
             return []
-        self.queue.extend((request, index) for index in range(len(sentences)))
-        await self._notify()
+        request = _Request(sentences, asyncio.get_running_loop().create_future(), [None] * len(sentences),
+                           len(sentences))
+        with self._changed:
+            self.queue.extend((request, index) for index in range(len(sentences)))
+            self._changed.notify_all()
         try:
             return await request.future
         except asyncio.CancelledError:
             request.cancelled = True
             raise
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    # -- on the lanes' threads (`_changed` held where the queue or the lanes' sentences are read to decide) -----------
+    def _queued(self) -> int:
+        return sum(1 for request, _ in self.queue if not (request.cancelled or request.future.done()))
 
-    def _next_batch(self, most: int) -> list[tuple[_Request, int]]:
-        """Queued sentences in order, up to `most` sentences and `max_batch_tokens` words (at least one)."""
-        batch, words = [], 0
-        while self.queue and len(batch) < most:
+    def _share(self, lane: _Lane) -> int:
+        """How many queued sentences `lane` may take now: up to its share of all in flight and queued; a sentence
+        alone in the server is the first lane's (the one lane that ever runs on all the threads)."""
+        waiting, running = self._queued(), self.running
+        if not waiting:
+            return 0
+        if running == 0 and waiting == 1:
+            return int(lane is self.lanes[0])
+        share = -(-(running + waiting) // len(self.lanes))
+        return max(0, share - len(lane.in_flight))
+
+    def _run(self, lane: _Lane) -> None:
+        if self.set_threads is not None:
+            self.set_threads(self.threads // len(self.lanes))
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._stopping or lane.in_flight or self._share(lane))
+                if self._stopping:
+                    break
+                joining = self._joining(lane)
+                if joining:
+                    lane.in_flight.update(((request, index), len(request.sentences[index]))
+                                          for request, index in joining)
+                alone = lane is self.lanes[0] and self.running == 1 and not self._queued()
+            if joining:
+                self._join(lane, joining)
+            if lane.in_flight:
+                self._advance(lane, alone)
+        for key in lane.work.drop():
+            self._fail(key, "the server stopped")
+
+    def _joining(self, lane: _Lane) -> list[tuple[_Request, int]]:
+        """Queued sentences in order, up to the lane's share, while the lanes hold at most `max_batch_tokens` words
+        (one at least when the lane is empty); those of requests gone or failed dropped."""
+        most = self._share(lane)
+        joining, words = [], sum(sum(other.in_flight.values()) for other in self.lanes)
+        while self.queue and len(joining) < most:
             request, index = self.queue[0]
-            if request.cancelled or request.future.done():  # its client went away, or another batch failed it
+            if request.cancelled or request.future.done():
                 self.queue.popleft()
                 continue
             size = len(request.sentences[index])
-            if batch and words + size > self.max_batch_tokens:
+            if (lane.in_flight or joining) and words + size > self.max_batch_tokens:
                 break
-            batch.append(self.queue.popleft())
+            joining.append(self.queue.popleft())
             words += size
-        return batch
+        return joining
 
-    def _ready(self) -> bool:
-        """Whether a batch may start: threads free, sentences queued, no batch gathering its clients' next ones,
-        and as many sentences a thread as the batches being embedded have (with none, any)."""
-        queued, free = self.queued, len(self.free)
-        return bool(free and queued and not self._gathering
-                    and queued * self._running_threads >= self.running * free)
-
-    async def _run(self) -> None:
-        """Starts batches whenever `_ready`: with all threads free, what is queued split among them; else one batch
-        on the threads free."""
-        loop = asyncio.get_running_loop()
-        while True:
-            async with self._changed:
-                await self._changed.wait_for(self._ready)
-            parts = min(len(self.free), self.queued) if len(self.free) == self.threads else 1
-            for part in range(parts, 0, -1):
-                batch = self._next_batch(-(-self.queued // part))
-                if not batch:
-                    break
-                threads = self.free[: len(self.free) // part]
-                del self.free[: len(threads)]
-                task = loop.create_task(self._embed(batch, threads))
-                self._batches.add(task)
-                task.add_done_callback(self._batches.discard)
-
-    async def _embed(self, batch: list[tuple[_Request, int]], threads: list[int]) -> None:
-        """Runs one batch on `threads` (on the first one's executor), answers its requests, then frees the threads
-        once the clients it answered have sent their next sentences (a tenth of its time at most)."""
-        sentences = [request.sentences[index] for request, index in batch]
-        self.running += len(sentences)
-        self._running_threads += len(threads)
-        started = time.perf_counter()
+    def _join(self, lane: _Lane, joining: list[tuple[_Request, int]]) -> None:
+        sentences = [request.sentences[index] for request, index in joining]
         try:
-            vectors = await asyncio.get_running_loop().run_in_executor(self.executors[threads[0]], self._call,
-                                                                       len(threads), sentences)
-        except Exception as error:  # any failure of the batch fails its requests, never the server
-            reason = " ".join(str(error).split()) or type(error).__name__
-            for request, _ in batch:
-                if not request.future.done():
-                    request.future.set_exception(BatchFailed(reason))
-            vectors = None
-        finally:
-            self.running -= len(sentences)
-            self._running_threads -= len(threads)
-        self._gathering += 1
-        try:
-            if vectors is not None:
-                for (request, index), vector in zip(batch, vectors, strict=True):
-                    request.vectors[index] = vector
-                    request.left -= 1
-                    if request.left == 0 and not request.future.done():
-                        request.future.set_result(request.vectors)
-                seconds = time.perf_counter() - started
-                if self.on_batch is not None:
-                    self.on_batch(len(sentences), sum(len(s) for s in sentences), seconds)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    async with self._changed:
-                        await asyncio.wait_for(self._changed.wait_for(lambda: self.queued >= len(sentences)),
-                                               seconds / 10)
-        finally:
-            self._gathering -= 1
-            self.free = sorted(self.free + threads)
-            await self._notify()
+            lane.work.add(sentences, joining)
+        except Exception as error:  # any failure fails these sentences' requests, never the server
+            self._leave(lane, joining)
+            for key in joining:
+                self._fail(key, _one_line(error))
+            return
+        if self.on_join is not None:
+            self.on_join(len(sentences), sum(len(words) for words in sentences))
 
-    def _call(self, threads: int, sentences: list[Sequence[str]]) -> list[np.ndarray]:
-        if self.set_threads is not None:
-            self.set_threads(threads)
-        return self.embed(sentences)
+    def _advance(self, lane: _Lane, alone: bool) -> None:
+        """One advance of the lane; `alone` (the first lane, its one sentence the server's only, none queued): to its
+        end, on all the threads."""
+        sentences, started = len(lane.in_flight), time.perf_counter()
+        all_threads = alone and len(self.lanes) > 1 and self.set_threads is not None
+        try:
+            if all_threads:
+                self.set_threads(self.threads)
+            ended = lane.work.advance(to_the_end=alone)
+        except Exception as error:
+            reason = _one_line(error)
+            dropped = lane.work.drop()
+            self._leave(lane, list(lane.in_flight))
+            for key in dropped:
+                self._fail(key, reason)
+            return
+        finally:
+            if all_threads:
+                self.set_threads(self.threads // len(self.lanes))
+        if self.on_advance is not None:
+            self.on_advance(sentences, time.perf_counter() - started)
+        self._leave(lane, [key for key, _ in ended])
+        for key, result in ended:
+            self._loop.call_soon_threadsafe(_answer, key, result)
+
+    def _leave(self, lane: _Lane, keys: list[tuple[_Request, int]]) -> None:
+        """Sentences leave `lane` (the other lanes' shares and room change)."""
+        with self._changed:
+            for key in keys:
+                del lane.in_flight[key]
+            self._changed.notify_all()
+
+    def _fail(self, key: tuple[_Request, int], reason: str) -> None:
+        self._loop.call_soon_threadsafe(_failed, key[0], reason)
+
+
+def _answer(key: tuple[_Request, int], result: Any) -> None:
+    """On the event loop: one sentence's result; the request answered with its last."""
+    request, index = key
+    if request.future.done():
+        return
+    request.results[index] = result
+    request.left -= 1
+    if request.left == 0:
+        request.future.set_result(request.results)
+
+
+def _failed(request: _Request, reason: str) -> None:
+    if not request.future.done():
+        request.future.set_exception(BatchFailed(reason))
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__

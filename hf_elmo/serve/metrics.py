@@ -1,5 +1,6 @@
 """The server's Prometheus metrics (`prometheus_client`, in a registry of the app's own): requests by route and
-status, their latency, the sentences, words and seconds of each batch, and the sentences waiting for a batch."""
+status, their latency, the sentences and words joining the stream together, the sentences and seconds of each
+advance, and the sentences waiting to join and in the stream."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ WORD_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 class Metrics:
     """What `/metrics` exposes: `elmo_requests_total{route,status}`, `elmo_request_duration_seconds{route}`,
-    `elmo_batch_sentences`, `elmo_batch_words`, `elmo_batch_duration_seconds` (per batch run), and now:
-    `elmo_queue_sentences` (waiting for a batch), `elmo_running_sentences` (in the batches being embedded),
+    `elmo_joined_sentences`, `elmo_joined_words` (per group of sentences that joined the stream together),
+    `elmo_advance_sentences`, `elmo_advance_duration_seconds` (per advance of the stream: the sentences it held),
+    and now: `elmo_queue_sentences` (waiting to join), `elmo_running_sentences` (in the stream),
     `elmo_serving_requests` (being served)."""
 
     content_type = CONTENT_TYPE_LATEST
@@ -25,25 +27,29 @@ class Metrics:
                                 registry=self.registry)
         self.latency = Histogram("elmo_request_duration_seconds", "Seconds from a request to its answer", ["route"],
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.batch_sentences = Histogram("elmo_batch_sentences", "Sentences per batch", buckets=SENTENCE_BUCKETS,
-                                         registry=self.registry)
-        self.batch_words = Histogram("elmo_batch_words", "Words per batch", buckets=WORD_BUCKETS,
-                                     registry=self.registry)
-        self.batch_seconds = Histogram("elmo_batch_duration_seconds", "Seconds of a batch's embedding",
-                                       buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.queue = Gauge("elmo_queue_sentences", "Sentences waiting for a batch", registry=self.registry)
-        self.running = Gauge("elmo_running_sentences", "Sentences of the batches being embedded",
-                             registry=self.registry)
+        self.joined_sentences = Histogram("elmo_joined_sentences", "Sentences joining the stream together",
+                                          buckets=SENTENCE_BUCKETS, registry=self.registry)
+        self.joined_words = Histogram("elmo_joined_words", "Words of the sentences joining the stream together",
+                                      buckets=WORD_BUCKETS, registry=self.registry)
+        self.advance_sentences = Histogram("elmo_advance_sentences", "Sentences in the stream per advance",
+                                           buckets=SENTENCE_BUCKETS, registry=self.registry)
+        self.advance_seconds = Histogram("elmo_advance_duration_seconds", "Seconds of an advance of the stream",
+                                         buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.queue = Gauge("elmo_queue_sentences", "Sentences waiting to join the stream", registry=self.registry)
+        self.running = Gauge("elmo_running_sentences", "Sentences in the stream", registry=self.registry)
         self.serving = Gauge("elmo_serving_requests", "Requests being served", registry=self.registry)
 
     def request_done(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def batch_done(self, sentences: int, words: int, seconds: float) -> None:
-        self.batch_sentences.observe(sentences)
-        self.batch_words.observe(words)
-        self.batch_seconds.observe(seconds)
+    def joined(self, sentences: int, words: int) -> None:
+        self.joined_sentences.observe(sentences)
+        self.joined_words.observe(words)
+
+    def advanced(self, sentences: int, seconds: float) -> None:
+        self.advance_sentences.observe(sentences)
+        self.advance_seconds.observe(seconds)
 
     def exposition(self, queued: int, running: int, serving: int) -> bytes:
         self.queue.set(queued)

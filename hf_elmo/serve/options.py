@@ -22,8 +22,8 @@ PROXY_READY_SECONDS = "60"
 class ServeOptions:
     """Where a server listens and what it takes (TEI's flags). `hostname`, `port`: its address (loopback unless
     told). `api_key`: without `Authorization: Bearer <api_key>`, a request gets 401 (health and ping stay open).
-    `max_batch_tokens`: the words of one batch across requests, and the most words of one input (longer: 413, or
-    cut with `truncate`). `max_client_batch_size`: inputs per request. `max_concurrent_requests`: requests being
+    `max_batch_tokens`: the words in the biLM at once across requests, and the most words of one input (longer: 413,
+    or cut with `truncate`). `max_client_batch_size`: inputs per request. `max_concurrent_requests`: requests being
     served at once; more get 429 at once. `payload_limit`: bytes of a request body (413). `auto_truncate`: cut
     inputs that are too long unless a request says otherwise. `model_id`: the model's name in answers."""
 
