@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from elmo_fixtures import ALLENNLP, sentences
+from elmo_fixtures import ALLENNLP, sentences, tiny_config
 
 from hf_elmo import ElmoCharTokenizer, ElmoEmbedder, ElmoInferenceCache, ElmoModel, runtime
 from hf_elmo.embed.streaming import EmbedderStream
@@ -80,6 +80,27 @@ def test_the_int8_and_bf16_modes_stream_within_their_error(real_model, mode):
             got = got.float()
             assert float(F.cosine_similarity(got, exact).min()) > 0.99
             assert float((got - exact).abs().max()) < 0.05 * float(exact.abs().max())
+
+
+def test_a_streams_advances_read_the_lstm_input_weights_packed_and_a_whole_forward_does_not():
+    """`KernelPlan.few_steps`: an advance reads each LSTM input weight once for a few rows, where oneDNN would reorder
+    an unpacked weight at every call; a whole forward reads it once a window, unpacked. Same layers either way."""
+    if not runtime.onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(kernel_options={"onednn": True})).eval()
+    rows = fixture_sentences()[:6]
+    forward_cache, stream_cache = ElmoInferenceCache(), ElmoInferenceCache()
+    with torch.inference_mode():
+        model(**ElmoCharTokenizer().batch(rows), inference_cache=forward_cache)
+        layers = streamed(ElmoStream(model, stream_cache), rows, 0)
+        references = [alone(model, words) for words in rows]
+    inputs = {id(layer.input_weight) for layer in model.bilstm.layers}
+    assert not inputs & {key for key, _ in forward_cache._forms}
+    assert inputs <= {key for key, _ in stream_cache._forms}
+    for index, reference in enumerate(references):
+        for got, expected in zip(layers[index], reference, strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("layers", ["all", "top", "average", "mix"])
