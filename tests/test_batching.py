@@ -80,6 +80,16 @@ def run(test) -> None:
     asyncio.run(asyncio.wait_for(test(), WAIT))
 
 
+async def held_then_queued(streamer: Streamer, work: Work, first: list[list[str]], then: list[list[str]]
+                           ) -> tuple[asyncio.Future, asyncio.Future]:
+    """Request `first`, wait until an advance holds it, then request `then` and wait until all of it is queued."""
+    held = asyncio.ensure_future(streamer.vectors(first))
+    await until(lambda: work.advances)
+    queued = asyncio.ensure_future(streamer.vectors(then))
+    await until(lambda: streamer.queued == len(then))
+    return held, queued
+
+
 def test_sentences_join_between_advances_as_they_come_and_leave_as_they_end():
     """"a" (4 words) held in its first advance; "b" (2) comes meanwhile, joins at the next advance beside "a" and
     leaves two advances later, while "a" goes on."""
@@ -88,10 +98,7 @@ def test_sentences_join_between_advances_as_they_come_and_leave_as_they_end():
     async def test() -> None:
         streamer = Streamer(lambda: work, 100)
         streamer.start()
-        a = asyncio.ensure_future(streamer.vectors([sentence("a", 4)]))
-        await until(lambda: work.advances)
-        b = asyncio.ensure_future(streamer.vectors([sentence("b", 2)]))
-        await until(lambda: streamer.queued == 1)
+        a, b = await held_then_queued(streamer, work, [sentence("a", 4)], [sentence("b", 2)])
         assert streamer.running == 1
         work.go["a"].set()
         assert await b == [["b", 2]] and await a == [["a", 4]]
@@ -112,10 +119,7 @@ def test_the_stream_holds_at_most_max_batch_tokens_words_and_sentences_join_in_a
     async def test() -> None:
         streamer = Streamer(lambda: work, 6)
         streamer.start()
-        a = asyncio.ensure_future(streamer.vectors([sentence("a", 4)]))
-        await until(lambda: work.advances)
-        rest = asyncio.ensure_future(streamer.vectors([sentence("b", 3), sentence("c", 2)]))
-        await until(lambda: streamer.queued == 2)
+        a, rest = await held_then_queued(streamer, work, [sentence("a", 4)], [sentence("b", 3), sentence("c", 2)])
         work.go["a"].set()
         assert await a == [["a", 4]] and await rest == [["b", 3], ["c", 2]]
         await streamer.stop()
@@ -135,10 +139,7 @@ def test_sentences_that_fail_to_join_fail_their_request_and_a_failing_advance_fa
         streamer.start()
         with pytest.raises(BatchFailed, match="a bad sentence"):
             await streamer.vectors([sentence("bad", 2)])
-        x = asyncio.ensure_future(streamer.vectors([sentence("x", 3)]))
-        await until(lambda: work.advances)
-        boom = asyncio.ensure_future(streamer.vectors([sentence("boom", 2)]))
-        await until(lambda: streamer.queued == 1)
+        x, boom = await held_then_queued(streamer, work, [sentence("x", 3)], [sentence("boom", 2)])
         work.go["x"].set()
         for request in (x, boom):
             with pytest.raises(BatchFailed, match="an advance that fails"):
@@ -158,10 +159,7 @@ def test_a_request_whose_client_went_away_before_it_joined_is_dropped_from_the_q
     async def test() -> None:
         streamer = Streamer(lambda: work, 100)
         streamer.start()
-        a = asyncio.ensure_future(streamer.vectors([sentence("a", 2)]))
-        await until(lambda: work.advances)
-        gone = asyncio.ensure_future(streamer.vectors([sentence("gone", 2)]))
-        await until(lambda: streamer.queued == 1)
+        a, gone = await held_then_queued(streamer, work, [sentence("a", 2)], [sentence("gone", 2)])
         gone.cancel()
         await asyncio.gather(gone, return_exceptions=True)
         assert streamer.queued == 0
