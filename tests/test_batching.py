@@ -211,13 +211,13 @@ def test_on_two_lanes_sentences_at_once_are_shared_and_a_sentence_alone_runs_on_
 
 
 def test_a_lanes_thread_is_given_its_torch_threads():
-    """OpenMP's thread count is per thread: a lane's thread, given one fewer than torch's default here, has them (a
-    thread left at the default would differ on any machine of two cores or more)."""
+    """OpenMP's thread count is per thread: a lane's thread, given one more than torch's default here, has them (a
+    thread left at the default would have one fewer, on any machine)."""
     before = torch.get_num_threads()
     work = Work()
     try:
         async def test() -> None:
-            streamer = Streamer(lambda: work, 100, threads=max(1, before - 1), set_threads=torch.set_num_threads)
+            streamer = Streamer(lambda: work, 100, threads=before + 1, set_threads=torch.set_num_threads)
             streamer.start()
             assert await streamer.vectors([sentence("a", 1)]) == [["a", 1]]
             await streamer.stop()
@@ -225,4 +225,4 @@ def test_a_lanes_thread_is_given_its_torch_threads():
         run(test)
     finally:
         torch.set_num_threads(before)
-    assert work.threads == [max(1, before - 1)]
+    assert work.threads == [before + 1]
