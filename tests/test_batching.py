@@ -226,3 +226,22 @@ def test_a_lanes_thread_is_given_its_torch_threads():
     finally:
         torch.set_num_threads(before)
     assert work.threads == [before + 1]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_app_runs_a_lane_a_torch_thread_on_a_cpu_and_one_lane_on_all_of_them_on_a_gpu(device):
+    """`create_app`'s lanes from the embedder's device alone (no GPU needed to check the GPU's), with two torch
+    threads: on a CPU two lanes, each given one; on a GPU one, given both."""
+    from types import SimpleNamespace
+
+    from hf_elmo.serve import ServeOptions, create_app
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        embedder = SimpleNamespace(device=torch.device(device))
+        streamer = create_app(embedder, ServeOptions(), make_work=Work).state.streamer
+    finally:
+        torch.set_num_threads(before)
+    assert len(streamer.lanes) == (2 if device == "cpu" else 1) and streamer.threads == 2
+    assert all(isinstance(lane.work, Work) for lane in streamer.lanes)
