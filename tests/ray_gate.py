@@ -4,11 +4,14 @@ came to do (interrupt, kill or stop something), whatever the machine's speed.
 The driver hands out shard i only once the gate file holds a number greater than i (`open_to`); while it waits it
 writes i to `GATE.waiting` (`held_at` tells a test where the job is held). `interrupt N` in the gate file: the driver
 is interrupted (`KeyboardInterrupt`) when it would hand out shard N. No gate file: no wait. Installed in this process
-(`gated`, `install`), or run as a driver process of its own: `python tests/ray_gate.py GATE embed --ray ...`.
+(`gated`, `install`), or run as a driver process of its own: `python tests/ray_gate.py GATE embed --ray ...`
+(SIGUSR1: it writes every thread's stack to stderr).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 import time
 from pathlib import Path
@@ -70,6 +73,7 @@ def install(gate: Path) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # what every thread is doing, when a test asks
     install(Path(sys.argv[1]))
     from elmo_cli import app
 

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -119,7 +120,17 @@ def wait_for(condition, timeout: float = 240.0, process=None):
 
 
 def finished(process, timeout: float = 300) -> tuple[int, str]:
-    _, stderr = process.communicate(timeout=timeout)
+    """The exit code and stderr of a driver; one that has not ended in `timeout` seconds fails the test with every
+    thread's stack (a gated driver writes them on SIGUSR1)."""
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)
+        try:
+            _, stderr = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired as error:
+            stderr = (error.stderr or b"").decode(errors="replace")
+        pytest.fail(f"the driver had not ended after {timeout:.0f} s; its threads:\n{stderr[-8000:]}")
     return process.returncode, stderr
 
 
