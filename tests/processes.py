@@ -16,7 +16,17 @@ import psutil
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def interruptible() -> None:
+    """In a child before it runs its command: Ctrl-C's signals at their defaults, as a shell starts a foreground
+    command. A test run started in the background of a script (`make test &`) has SIGINT and SIGQUIT ignored, every
+    process it starts inherits that, and Python then never raises `KeyboardInterrupt`: a test's SIGINT would be lost."""
+    for number in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_DFL)
+
+
+def _started_child() -> None:
+    """`interruptible`, and killed by the kernel when the test process dies."""
+    interruptible()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
@@ -49,9 +59,10 @@ class Processes:
         self.started: list[subprocess.Popen] = []
 
     def start(self, command: list[object], env: dict[str, str] | None = None, **options) -> subprocess.Popen:
-        """`command` (its items as text) in a session of its own, its output captured."""
+        """`command` (its items as text) in a session of its own, its output captured, SIGINT at its default
+        (`interruptible`)."""
         process = subprocess.Popen([str(item) for item in command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=env, start_new_session=True, preexec_fn=_die_with_parent, **options)
+                                   text=True, env=env, start_new_session=True, preexec_fn=_started_child, **options)
         self.started.append(process)
         return process
 

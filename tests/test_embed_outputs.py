@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from elmo_fixtures import in_a_small_tmpfs, message_words, require_tmpfs
+from processes import interruptible
 from typer.testing import CliRunner
 
 from elmo_cli import app
@@ -30,9 +31,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def elmo(*args: object, **options) -> subprocess.Popen:
-    """`elmo ARGS` in a process of its own."""
+    """`elmo ARGS` in a process of its own, SIGINT at its default (`interruptible`)."""
     return subprocess.Popen([sys.executable, "-m", "elmo_cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, **options)
+                            stderr=subprocess.PIPE, text=True, env=ENV, preexec_fn=interruptible, **options)
 
 
 def finished(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:

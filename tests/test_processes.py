@@ -1,0 +1,45 @@
+"""The tests' own process starters: what they start can be interrupted however the test run itself was started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from processes import Processes, interruptible
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process `pid` ignores (its SigIgn mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+    raise AssertionError(f"no SigIgn in /proc/{pid}/status")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_children_take_ctrl_c_even_where_the_test_run_ignores_it(processes: Processes):
+    """A test run started in the background of a script ignores SIGINT and SIGQUIT, and so would every process it
+    starts (a SIGINT sent by a test then never arrives: its driver waited at its gate until the test timed out)."""
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGQUIT)}
+    try:
+        inherited = subprocess.Popen(SLEEP)
+        started = [processes.start(SLEEP), subprocess.Popen(SLEEP, preexec_fn=interruptible)]
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    try:
+        assert {signal.SIGINT, signal.SIGQUIT} <= ignored_signals(inherited.pid)  # what a plain child gets
+        for process in started:
+            assert not {signal.SIGINT, signal.SIGQUIT} & ignored_signals(process.pid)
+        started[1].send_signal(signal.SIGINT)
+        assert started[1].wait(timeout=30) == -signal.SIGINT
+    finally:
+        for process in (inherited, *started):
+            process.kill()
+            process.wait()
