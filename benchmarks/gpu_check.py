@@ -669,7 +669,7 @@ def worker_pretrain(recipe: str, device: str, sizes: Sizes, work: Path, result: 
         "--save_steps", str(sizes.pretrain_steps), "--max_steps",
     ]
     if device == "cpu":
-        common = ["--cpu", "--threads", "2", *common[:-1], "--mixed_precision", "no", common[-1]]  # "no" autocast
+        common = ["--cpu", *common[:-1], "--mixed_precision", "no", common[-1]]  # "no" autocast; threads: its default
     else:
         common = [*common[:-1], "--mixed_precision", settings.get("mixed_precision", "bf16"), common[-1]]
     result.update(architecture=architecture, batch_tokens=int(common[common.index("--batch_tokens") + 1]),

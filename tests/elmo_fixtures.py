@@ -92,6 +92,14 @@ def tiny_config(**overrides):
     return ElmoConfig(**{**settings, **overrides})
 
 
+def worker_threads() -> int:
+    """The CPUs one test process may use: those of this process over pytest-xdist's workers (each runs tests at the
+    same time), at least 1. More threads than that make OpenMP's threads wait for each other on a busy machine (the
+    paper's quick form: 40 s on one thread against 63 s on two, the other core busy)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 def run_without_hf_elmo(code: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     """Run `code` in a fresh interpreter that cannot import `hf_elmo`; its stdout (fails the test on an error).
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from elmo_fixtures import require
+from elmo_fixtures import require, worker_threads
 from spacy_fixtures import DATA, REPO, run_python
 
 pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fast subset
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # subprocesses and long runs: left out of the fas
 def test_quick_form_of_every_experiment_writes_its_tables_and_figures(tmp_path):
     require(DATA / "sst5" / "trees" / "train.txt")
     run = REPO / "benchmarks" / "paper" / "run.py"
-    run_python(run, "--quick", "--tasks", "sst2", "--threads", "2", "--out", tmp_path, timeout=1200)
+    run_python(run, "--quick", "--tasks", "sst2", "--threads", worker_threads(), "--out", tmp_path, timeout=1200)
     experiments = ["results", "layers", "placement", "efficiency", "weights", "probe", "neighbours"]
     for name in experiments:
         assert (tmp_path / f"{name}.md").read_text().startswith(f"# {name}\n")
