@@ -62,12 +62,14 @@ def sentences_of(count: int) -> list[str]:
 
 
 class Server:
-    """`elmo serve MODEL OPTIONS` on a free port of 127.0.0.1, in a process this object starts and stops."""
+    """`elmo serve MODEL OPTIONS` on `port` of 127.0.0.1 (None: a free one), in a process this object starts and
+    stops."""
 
-    def __init__(self, model: str, options: list[str], threads: int):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+    def __init__(self, model: str, options: list[str], threads: int, port: int | None):
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "elmo_cli", "serve", model, "--port", str(port), "--threads", str(threads),
@@ -260,6 +262,7 @@ def main() -> None:
                         "in the rate runs")
     parser.add_argument("--memory-requests", type=int, default=20_000)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of every run")
+    parser.add_argument("--port", type=int, help="the servers' port on 127.0.0.1 [default: a free one]")
     args = parser.parse_args()
     texts = sentences_of(args.sentences)
     words = sum(len(text.split()) for text in texts)
@@ -284,7 +287,7 @@ def main() -> None:
     sentences = [split_into_words(text, library.tokenizer.word_tokenizer) for text in texts]
     ceilings = {clients: words / streamed(library, sentences, clients) for clients in args.clients}
 
-    server = Server(args.model, [], args.threads)
+    server = Server(args.model, [], args.threads, args.port)
     try:
         print(f"elmo embed: {f'{batch_rate:,.0f}' if batch_rate else 'n/a'} words/s ({start_up:.1f} s of start-up "
               f"taken off {batch_seconds:.1f} s)")
@@ -318,7 +321,8 @@ def main() -> None:
     finally:
         server.stop()
 
-    server = Server(args.model, ["--max-concurrent-requests", str(args.overload_limit)], args.threads)
+    server = Server(args.model, ["--max-concurrent-requests", str(args.overload_limit)], args.threads,
+                    args.port)
     try:
         asyncio.run(closed_loop(server.url, texts[:300], args.clients[0]))  # its first batches of each shape
         for share in (0.5, 2.0):

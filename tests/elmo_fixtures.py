@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -98,6 +100,29 @@ def worker_threads() -> int:
     paper's quick form: 40 s on one thread against 63 s on two, the other core busy)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cpus // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def server_port() -> int:
+    """A free port of 127.0.0.1 for a server a test starts, never one the kernel hands out: between Ray's worker ports
+    (10002-19999) and the kernel's ephemeral range (`ip_local_port_range`), where Ray's processes and every client
+    socket get theirs; each pytest-xdist worker draws from its own part. A port from `bind(0)` could be taken between
+    its choice and the server's bind (a CI run's `elmo serve --ray` found its own cluster's metrics exporter there)."""
+    try:
+        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768  # Linux's default; the ranges of macOS and Windows start at 49152
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    span = (high - 20000) // workers
+    ports = range(20000 + worker * span, 20000 + (worker + 1) * span)
+    for port in random.sample(ports, len(ports)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise AssertionError(f"no free port between 20000 and the ephemeral range (from {high}) for worker {worker}")
 
 
 def run_without_hf_elmo(code: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> str:

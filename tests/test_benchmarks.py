@@ -7,6 +7,7 @@ import re
 import sys
 
 import pytest
+from elmo_fixtures import server_port
 from spacy_fixtures import REPO, run_python
 
 from hf_elmo.runtime import native_bf16_cpu
@@ -119,7 +120,8 @@ def test_bench_data_prints_the_tokens_per_second_of_each_worker_count():
 
 def test_bench_serve_prints_each_figure_beside_its_reference(tiny_model_dir):
     output = run_python(REPO / "benchmarks" / "bench_serve.py", "--model", tiny_model_dir, "--sentences", 40,
-                        "--clients", 4, "--calls", 3, "--rate-seconds", 1, "--memory-requests", 40, "--threads", 1)
+                        "--clients", 4, "--calls", 3, "--rate-seconds", 1, "--memory-requests", 40, "--threads", 1,
+                        "--port", server_port())
     lines = output.strip().splitlines()
     assert lines[0].startswith("machine: ") and lines[1].startswith("elmo embed: ")
     # At toy sizes elmo embed's time may not stand out of its start-up's noise: its rate then reads n/a.

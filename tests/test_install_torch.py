@@ -5,12 +5,12 @@ cannot be reached, and a line saying which build was installed."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from elmo_fixtures import server_port
 from file_server import FileServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,12 +29,6 @@ def fake_pip(tmp_path) -> tuple[Path, Path]:
 def install(pip: Path, index: str, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "tools" / "install_torch.py"), "--pip", str(pip), "--python",
                            sys.executable, "--index", index, *options], capture_output=True, text=True, timeout=60)
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.parametrize("build", ["cpu", "cu126"])
@@ -56,7 +50,7 @@ def test_the_build_asked_for_comes_from_pytorchs_own_index(fake_pip, build):
 
 def test_where_pytorchs_index_cannot_be_reached_pips_own_index_gives_the_pinned_version(fake_pip):
     pip, record = fake_pip
-    result = install(pip, f"http://127.0.0.1:{closed_port()}", "--version", "2.13.0")
+    result = install(pip, f"http://127.0.0.1:{server_port()}", "--version", "2.13.0")
     assert result.returncode == 0, result.stderr
     assert record.read_text().splitlines() == ["install", "torch==2.13.0"]
     assert "cannot be reached; torch==2.13.0 from pip's own index instead (on Linux x86-64 a CUDA build" in (

@@ -1,13 +1,16 @@
-"""The tests' own process starters: what they start can be interrupted however the test run itself was started."""
+"""The tests' own process starters and server ports: what they start can be interrupted however the test run itself was
+started, and listens where no other socket is put."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from elmo_fixtures import server_port
 from processes import Processes, interruptible
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -43,3 +46,18 @@ def test_children_take_ctrl_c_even_where_the_test_run_ignores_it(processes: Proc
         for process in (inherited, *started):
             process.kill()
             process.wait()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_servers_port_is_free_and_never_one_the_kernel_or_ray_hands_out(monkeypatch):
+    """Between Ray's worker ports and the kernel's ephemeral range, each xdist worker in its own part of it."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    middle = 20000 + (ephemeral - 20000) // 2
+    for worker, (low, high) in (("gw0", (20000, middle)), ("gw1", (middle, ephemeral))):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        for _ in range(20):
+            port = server_port()
+            assert low <= port < high
+            with socket.socket() as server:
+                server.bind(("127.0.0.1", port))

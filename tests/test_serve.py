@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+from elmo_fixtures import server_port
 from processes import Processes, kill_session, session_processes
 from ray_clusters import RAY_ENV, ray_environment, two_nodes
 
@@ -38,15 +39,9 @@ SERVE_APP = Path(__file__).with_name("serve_app.py")
 TEXTS = ["The bank raised rates.", "We sat on the river bank .", "", "café au lait", "a " * 30]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def started(processes: Processes, command: list, env: dict | None = None, timeout: float = 180) -> str:
     """A server process of `command` (its port in the URL it is given), once /health answers; its URL."""
-    port = free_port()
+    port = server_port()
     command = [str(part).replace("{port}", str(port)) for part in command]
     process = processes.start(command, env=env or ENV)
     url = f"http://127.0.0.1:{port}"
