@@ -3,26 +3,16 @@ session). Helpers that are not fixtures live in `elmo_fixtures.py`."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from elmo_fixtures import ALLENNLP, TINY_CONFIG, require, tiny_config, worker_threads
+from elmo_fixtures import ALLENNLP, TINY_CONFIG, require, tiny_config
 from fake_hub import FakeHub, patch_hub_client
 from host_cpus import Pretended, forget_capabilities, pretend
 from processes import Processes
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """In a pytest-xdist worker: torch, and every process its tests start (OMP_NUM_THREADS), on the worker's share of
-    the CPUs (`worker_threads`), unless OMP_NUM_THREADS was set for the run; the workers run tests at the same time,
-    and more threads than cores make OpenMP's threads wait for each other."""
-    if "PYTEST_XDIST_WORKER" in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(worker_threads())
-        torch.set_num_threads(worker_threads())
 
 
 @pytest.fixture(scope="module")
