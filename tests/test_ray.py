@@ -54,6 +54,15 @@ def cluster():
         yield address
 
 
+def test_make_test_runs_this_modules_tests_in_one_worker(request):
+    """`make test` (`--dist loadgroup`) sends this module's tests, and test_serve.py's Ray tests, to one pytest-xdist
+    worker: one cluster at a time on the machine. A pytest with which pytest-xdist cannot group them fails here."""
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@ray"), (
+            f"pytest-xdist did not group {request.node.nodeid} (pytest {pytest.__version__}): install the pytest "
+            "that setup.cfg's dev extra names")
+
+
 @pytest.fixture
 def gate(tmp_path, monkeypatch) -> Path:
     """A gate for the jobs this process drives (`ray_gate`), open until a test closes it."""
