@@ -153,6 +153,29 @@ def test_sentences_that_fail_to_join_fail_their_request_and_a_failing_advance_fa
     assert work.added == [["x"], ["boom"], ["y"]]
 
 
+def test_a_failed_requests_sentences_still_queued_leave_the_count_and_never_join():
+    """"boom" joins beside the held "x" (5 of 6 words), its request's "big" stays queued (5 words more); the advance
+    fails both requests, and "big" is no longer counted as queued and never joins; "y" then is."""
+    work = Work(held=("x",))
+
+    async def test() -> None:
+        streamer = Streamer(lambda: work, 6)
+        streamer.start()
+        x, failing = await held_then_queued(streamer, work, [sentence("x", 3)],
+                                            [sentence("boom", 2), sentence("big", 5)])
+        work.go["x"].set()
+        for request in (x, failing):
+            with pytest.raises(BatchFailed, match="an advance that fails"):
+                await request
+        assert streamer.queued == 0 and streamer.running == 0
+        assert await streamer.vectors([sentence("y", 2)]) == [["y", 2]]
+        assert streamer.queued == 0 and not streamer.queue
+        await streamer.stop()
+
+    run(test)
+    assert work.added == [["x"], ["boom"], ["y"]]
+
+
 def test_a_request_whose_client_went_away_before_it_joined_is_dropped_from_the_queue():
     work = Work(held=("a",))
 

@@ -45,14 +45,16 @@ class StreamWork(Protocol):
 
 @dataclass(eq=False)
 class _Request:
-    """One request's sentences on their way through the lanes: their results as they come, and the future the
-    request awaits (on the event loop)."""
+    """One request's sentences on their way through the lanes: their results as they come, the future the request
+    awaits (on the event loop), how many of its sentences are queued, and whether it was dropped (its client went
+    away or one of its sentences failed: its queued sentences are then skipped)."""
 
     sentences: Sequence[Sequence[str]]
     future: asyncio.Future
     results: list[Any] = field(default_factory=list)
     left: int = 0
-    cancelled: bool = False
+    queued: int = 0
+    dropped: bool = False
 
 
 @dataclass(eq=False)
@@ -77,6 +79,7 @@ class Streamer:
         self.on_join, self.on_advance = on_join, on_advance
         self.lanes = [_Lane(make_work()) for _ in range(lanes)]
         self.queue: deque[tuple[_Request, int]] = deque()
+        self._waiting = 0  # queued sentences of requests not dropped
         self._changed = threading.Condition()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -102,9 +105,8 @@ class Streamer:
 
     @property
     def queued(self) -> int:
-        """Sentences waiting to join (not those of requests gone or failed, dropped when their turn comes)."""
-        with self._changed:
-            return self._queued()
+        """Sentences waiting to join (not those of requests gone or failed, skipped when their turn comes)."""
+        return self._waiting
 
     @property
     def running(self) -> int:
@@ -120,21 +122,28 @@ class Streamer:
                            len(sentences))
         with self._changed:
             self.queue.extend((request, index) for index in range(len(sentences)))
+            request.queued = len(sentences)
+            self._waiting += len(sentences)
             self._changed.notify_all()
         try:
             return await request.future
         except asyncio.CancelledError:
-            request.cancelled = True
+            self._drop(request)
             raise
 
-    # -- on the lanes' threads (`_changed` held where the queue or the lanes' sentences are read to decide) -----------
-    def _queued(self) -> int:
-        return sum(1 for request, _ in self.queue if not (request.cancelled or request.future.done()))
+    def _drop(self, request: _Request) -> None:
+        """`request`'s queued sentences will not join (its client went away, or it failed)."""
+        with self._changed:
+            if not request.dropped:
+                request.dropped = True
+                self._waiting -= request.queued
+                request.queued = 0
 
+    # -- on the lanes' threads (`_changed` held where the queue or the lanes' sentences are read to decide) -----------
     def _share(self, lane: _Lane) -> int:
         """How many queued sentences `lane` may take now: up to its share of all in flight and queued; a sentence
         alone in the server is the first lane's (the one lane that ever runs on all the threads)."""
-        waiting, running = self._queued(), self.running
+        waiting, running = self._waiting, self.running
         if not waiting:
             return 0
         if running == 0 and waiting == 1:
@@ -154,7 +163,7 @@ class Streamer:
                 if joining:
                     lane.in_flight.update(((request, index), len(request.sentences[index]))
                                           for request, index in joining)
-                alone = lane is self.lanes[0] and self.running == 1 and not self._queued()
+                alone = lane is self.lanes[0] and self.running == 1 and not self._waiting
             if joining:
                 self._join(lane, joining)
             if lane.in_flight:
@@ -164,18 +173,20 @@ class Streamer:
 
     def _joining(self, lane: _Lane) -> list[tuple[_Request, int]]:
         """Queued sentences in order, up to the lane's share, while the lanes hold at most `max_batch_tokens` words
-        (one at least when the lane is empty); those of requests gone or failed dropped."""
+        (one at least when the lane is empty); those of requests dropped leave the queue."""
         most = self._share(lane)
         joining, words = [], sum(sum(other.in_flight.values()) for other in self.lanes)
         while self.queue and len(joining) < most:
             request, index = self.queue[0]
-            if request.cancelled or request.future.done():
+            if request.dropped:
                 self.queue.popleft()
                 continue
             size = len(request.sentences[index])
             if (lane.in_flight or joining) and words + size > self.max_batch_tokens:
                 break
             joining.append(self.queue.popleft())
+            request.queued -= 1
+            self._waiting -= 1
             words += size
         return joining
 
@@ -224,6 +235,7 @@ class Streamer:
             self._changed.notify_all()
 
     def _fail(self, key: tuple[_Request, int], reason: str) -> None:
+        self._drop(key[0])
         self._loop.call_soon_threadsafe(_failed, key[0], reason)
 
 
