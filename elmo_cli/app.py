@@ -731,18 +731,20 @@ def serve(
         if ray:
             require("ray.serve", "elmo serve --ray needs")
         settings = _settings(ctx.params, layers.value, device)
-        if ray:
-            from hf_elmo.serve.ray_serve import ServeError, serve_on_ray
+        from hf_elmo.serve.options import ServeError
 
-            try:
+        try:
+            if ray:
+                from hf_elmo.serve.ray_serve import serve_on_ray
+
                 serve_on_ray(model, settings, options, ray_address, replicas, max_replicas, threads,
                              announce=lambda line: typer.echo(line, err=True))
-            except ServeError as error:
-                _fail(str(error))
-        else:
-            from hf_elmo.serve import serve as run
+            else:
+                from hf_elmo.serve import serve as run
 
-            run(model, settings, options, threads, announce=lambda line: typer.echo(line, err=True))
+                run(model, settings, options, threads, announce=lambda line: typer.echo(line, err=True))
+        except ServeError as error:
+            _fail(str(error))
 
 
 @app.command(cls=ElmoCommand)

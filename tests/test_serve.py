@@ -29,8 +29,12 @@ import pytest
 from elmo_fixtures import server_port
 from processes import Processes, kill_session, session_processes
 from ray_clusters import RAY_ENV, ray_environment, two_nodes
+from typer.testing import CliRunner
 
+from elmo_cli import app
 from hf_elmo.embed import ElmoEmbedder
+from hf_elmo.serve import ServeOptions
+from hf_elmo.serve.server import run
 from hf_elmo.text import split_into_words
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -324,6 +328,49 @@ def test_sentences_that_fail_fail_their_requests_with_424_and_the_server_goes_on
     message = one_line_error(post(url, "/v1/embeddings", {"input": "FAIL"}), 424, "backend", openai=True)
     assert message.startswith("the biLM failed on this request")
     assert post(url, "/embed", {"inputs": "fine again"}).status_code == 200
+
+
+@pytest.mark.parametrize("ray", [False, True], ids=["in this process", "--ray"])
+def test_an_address_taken_or_not_this_machines_is_one_line_and_nothing_is_announced(tiny_model_dir, monkeypatch,
+                                                                                     ray):
+    """A port another server listens on, or a --hostname that is not this machine's: exit 1, one line naming the
+    address and what to do, nothing announced; with --ray, before a local cluster starts."""
+    for name, value in RAY_ENV.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner(env={"COLUMNS": "1000"})
+    command = ["serve", str(tiny_model_dir), *(["--ray"] if ray else [])]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, [*command, "--port", str(port)])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (f"Error: 127.0.0.1:{port} is in use (another server listens there): stop it, or pass "
+                             "another --port\n")
+    result = runner.invoke(app, [*command, "--hostname", "198.51.100.7", "--port", str(port)])  # TEST-NET-2
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith(f"Error: cannot listen on 198.51.100.7:{port}: ")
+    assert result.stderr.endswith(": pass a --hostname of this machine (127.0.0.1, 0.0.0.0, or one of its addresses) "
+                                  "and a --port it may use\n")
+
+
+def test_port_0_is_announced_as_the_port_the_system_picked_and_freed_when_the_server_ends_early():
+    announced = []
+
+    class Stop(Exception):
+        pass
+
+    def announce(url: str) -> None:
+        announced.append(url)
+        raise Stop
+
+    with pytest.raises(Stop):
+        run(object(), ServeOptions(port=0), announce)
+    (url,) = announced
+    port = int(url.removeprefix("http://127.0.0.1:"))
+    assert port > 0
+    with socket.socket() as again:  # closed with the run: the port is free again
+        again.bind(("127.0.0.1", port))
 
 
 def test_with_an_api_key_nothing_is_computed_without_it(tiny_model_dir, processes):

@@ -1,7 +1,8 @@
 """ELMo as a service (`elmo serve`, the `serve` extra): Text Embeddings Inference's and OpenAI's embedding APIs over
 an `ElmoEmbedder`, batched across requests.
 
-- `options`: `ServeOptions`, the server's address and limits (TEI's names); read by `elmo` without the package.
+- `options`: `ServeOptions`, the server's address and limits (TEI's names), and `ServeError` (it cannot serve);
+  read by `elmo` without the package.
 - `batching`: `Streamer`, the sentences of concurrent requests joining and leaving the biLM's steps (continuous
   batching), at most `max_batch_tokens` words at once.
 - `app`: `create_app`, the FastAPI app: routes, errors in one line, authorization, limits.

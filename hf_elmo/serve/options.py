@@ -36,3 +36,7 @@ class ServeOptions:
     payload_limit: int = 2_000_000
     auto_truncate: bool = False
     model_id: str = "default"
+
+
+class ServeError(RuntimeError):
+    """A server that cannot serve (one line: why, and what to do): its address taken, or Ray Serve not started."""

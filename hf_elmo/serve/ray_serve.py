@@ -18,16 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..ray_cluster import ray_cluster, shielded
-from .options import ServeOptions
+from .options import ServeError, ServeOptions
+from .server import bound
 
 APP_NAME = "elmo"
 # Autoscaling (--max-replicas): a replica is added when the requests it serves at once pass a batch's worth.
 TARGET_ONGOING_REQUESTS = 32
 REPLICA_HEADER = b"x-elmo-replica"
-
-
-class ServeError(RuntimeError):
-    """The app could not be served on Ray (one line: why, and where Ray's logs are)."""
 
 
 class Replica:
@@ -66,6 +63,9 @@ def serve_on_ray(model: str | os.PathLike, settings: Any, options: ServeOptions,
 
     threads = threads or 1
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    if address is None:  # the serving port is this machine's: taken, it is said before a cluster starts
+        with bound(options):
+            pass
     with ray_cluster(ray, address) as resources:
         count = replicas or max(1, int(resources.get("CPU", 1) // threads))
         scaling: dict[str, Any] = ({"num_replicas": count} if max_replicas is None else {"autoscaling_config": {
@@ -82,8 +82,8 @@ def serve_on_ray(model: str | os.PathLike, settings: Any, options: ServeOptions,
             try:
                 serve.start(proxy_location="HeadOnly", http_options={"host": options.hostname, "port": options.port})
             except ray.exceptions.RayError as error:  # e.g. its HTTP proxy killed by Serve, not ready in time
-                raise ServeError(f"Ray Serve could not start: {str(error).splitlines()[0]} (Ray's logs: {_logs()})"
-                                 ) from None
+                reason = _last_line(error) or type(error).__name__
+                raise ServeError(f"Ray Serve could not start: {reason} (Ray's logs: {_logs()})") from None
             try:
                 serve.run(deployment.bind(str(model), settings.to_dict(), dataclasses.asdict(options), threads,
                                           address is None),
@@ -141,13 +141,18 @@ def _replicas_text(scaling: dict[str, Any]) -> str:
 
 
 def _replica_error(serve: Any) -> str:
-    """The replica's own error, as the deployment's status holds it (its traceback's last line)."""
+    """The replica's own error, as the deployment's status holds it."""
     try:
         message = serve.status().applications[APP_NAME].deployments[APP_NAME].message
     except (KeyError, AttributeError):
         message = ""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return lines[-1] if lines else "see the logs"
+    return _last_line(message) or "see the logs"
+
+
+def _last_line(text: object) -> str:
+    """The last line of an error's text: after a traceback, the exception itself ("" for none)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _logs() -> str:
