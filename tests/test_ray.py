@@ -347,15 +347,16 @@ def test_a_stopped_driver_keeps_its_complete_shards_and_the_same_command_resumes
 
 
 def test_a_stalled_worker_ends_the_job_in_one_line_naming_it(cluster, long_input, tiny_model_dir, tmp_path, gate):
-    """The worker is stopped (SIGSTOP) between shards, then given one: no progress, named within --stall-timeout."""
+    """The worker is stopped (SIGSTOP) once it has started, then given its first shard: no progress, named within
+    --stall-timeout. No shard runs before it, so no worker slowed by a busy machine can stall first."""
     source, _ = long_input
     output, partial = tmp_path / "out", tmp_path / ".out.partial"
-    open_to(gate, 1)
+    open_to(gate, 0)
     stopped: list[tuple[int, float]] = []
 
     def stop_the_worker() -> None:
-        wait_for(lambda: held_at(gate) == 1)
-        pid = shard_metadata(complete_shards(partial)[0])["written_by"]["pid"]
+        wait_for(lambda: held_at(gate) == 0)  # the worker has started (the driver gives shards to started ones)
+        pid = wait_for(lambda: len(alive := workers_alive()) == 1 and alive[0]["Pid"])
         os.kill(pid, signal.SIGSTOP)
         stopped.append((pid, time.monotonic()))
         open_to(gate, float("inf"))
@@ -369,8 +370,8 @@ def test_a_stalled_worker_ends_the_job_in_one_line_naming_it(cluster, long_input
             os.kill(pid, signal.SIGKILL)
     pid, when = stopped[0]
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
-    assert result.stderr == (f"Error: worker pid {pid} on {os.uname().nodename} made no progress on shard 1 "
-                             f"({source} lines 201-400, 0 of 200 sentences) for 4 s (--stall-timeout); the job "
+    assert result.stderr == (f"Error: worker pid {pid} on {os.uname().nodename} made no progress on shard 0 "
+                             f"({source} lines 1-200, 0 of 200 sentences) for 4 s (--stall-timeout); the job "
                              f"stopped; complete shards are kept in {partial}: rerun the same command to resume\n")
     assert time.monotonic() - when < 60
     assert not output.exists() and partial.is_dir()
