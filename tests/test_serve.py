@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -371,6 +372,67 @@ def test_port_0_is_announced_as_the_port_the_system_picked_and_freed_when_the_se
     assert port > 0
     with socket.socket() as again:  # closed with the run: the port is free again
         again.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize("port", ["free", 0])
+def test_a_local_ray_serve_cluster_starts_with_the_serving_port_held_then_given_to_serve(monkeypatch, port):
+    """While a local cluster starts, the serving port is this process's, listening: none of the cluster's processes
+    can take it, even binding as Ray's own servers and uvicorn do (SO_REUSEADDR), nor get it from the kernel as a
+    free port; Serve gets it once the cluster is up (--port 0: the port the system picked, announced as such)."""
+    import contextlib
+
+    from ray import serve
+
+    from hf_elmo.embed import EmbedSettings
+    from hf_elmo.serve import ray_serve
+
+    class Stop(Exception):
+        pass
+
+    def taken(number: int) -> bool:
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                other.bind(("127.0.0.1", number))
+            except OSError:
+                return True
+            return False
+
+    def listening() -> list[int]:
+        return [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+
+    seen = {}
+
+    @contextlib.contextmanager
+    def cluster(ray, address):
+        (seen["held"],) = listening()
+        seen["taken while the cluster starts"] = taken(seen["held"])
+        yield {"CPU": 2.0}
+
+    def start(proxy_location, http_options):
+        seen["given"] = http_options["port"]
+        seen["taken when Serve starts"], seen["listening"] = taken(http_options["port"]), listening()
+        raise Stop
+
+    monkeypatch.setattr(ray_serve, "ray_cluster", cluster)
+    monkeypatch.setattr(ray_serve, "_stop_event", threading.Event)
+    monkeypatch.setattr(serve, "start", start)
+    monkeypatch.setattr(serve, "shutdown", lambda: None)
+    number = server_port() if port == "free" else 0
+    with pytest.raises(Stop):
+        ray_serve.serve_on_ray("default", EmbedSettings(), ServeOptions(port=number))
+    assert seen["given"] == seen["held"] == (number or seen["held"]) and seen["held"] > 0
+    assert seen["taken while the cluster starts"] and not seen["taken when Serve starts"] and not seen["listening"]
+
+
+def test_port_0_with_an_existing_ray_cluster_is_one_line():
+    from hf_elmo.embed import EmbedSettings
+    from hf_elmo.serve.options import ServeError
+    from hf_elmo.serve.ray_serve import serve_on_ray
+
+    with pytest.raises(ServeError, match=r"^--port 0 picks a free port of this machine, but with --ray-address Serve "
+                                         r"listens on the cluster's head node: pass its --port$"):
+        serve_on_ray("default", EmbedSettings(), ServeOptions(port=0), address="ray://head:10001")
 
 
 def test_with_an_api_key_nothing_is_computed_without_it(tiny_model_dir, processes):

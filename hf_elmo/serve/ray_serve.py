@@ -9,6 +9,7 @@ deletes the app and leaves Serve running, as the cluster's own. Each answer name
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -63,10 +64,16 @@ def serve_on_ray(model: str | os.PathLike, settings: Any, options: ServeOptions,
 
     threads = threads or 1
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    if address is None:  # the serving port is this machine's: taken, it is said before a cluster starts
-        with bound(options):
-            pass
-    with ray_cluster(ray, address) as resources:
+    if address is not None and options.port == 0:
+        raise ServeError("--port 0 picks a free port of this machine, but with --ray-address Serve listens on the "
+                         "cluster's head node: pass its --port")
+    holding = contextlib.ExitStack()
+    if address is None:  # the serving port is this machine's: taken, it is said before a cluster starts; else it is
+        # held, listening, while the cluster starts (none of its processes may take it), then given to Serve
+        held = holding.enter_context(bound(options))
+        held.listen()
+        options = dataclasses.replace(options, port=held.getsockname()[1])
+    with holding, ray_cluster(ray, address) as resources:
         count = replicas or max(1, int(resources.get("CPU", 1) // threads))
         scaling: dict[str, Any] = ({"num_replicas": count} if max_replicas is None else {"autoscaling_config": {
             "min_replicas": count if replicas else 1, "max_replicas": max(max_replicas, replicas or 1),
@@ -80,6 +87,7 @@ def serve_on_ray(model: str | os.PathLike, settings: Any, options: ServeOptions,
         stopped = _stop_event()
         try:
             try:
+                holding.close()
                 serve.start(proxy_location="HeadOnly", http_options={"host": options.hostname, "port": options.port})
             except ray.exceptions.RayError as error:  # e.g. its HTTP proxy killed by Serve, not ready in time
                 reason = _last_line(error) or type(error).__name__
