@@ -398,9 +398,13 @@ def test_a_local_ray_serve_cluster_starts_with_the_serving_port_held_then_given_
                 return True
             return False
 
-    def listening() -> list[int]:
-        return [c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    def listening() -> set[int]:
+        """This process's listening ports, but for those it had before (a fixture's server, say)."""
+        return {c.laddr.port for c in psutil.Process().net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN} - before
 
+    before: set[int] = set()
+    before = listening()
     seen = {}
 
     @contextlib.contextmanager
