@@ -398,13 +398,15 @@ def test_a_local_ray_serve_cluster_starts_with_the_serving_port_held_then_given_
                 return True
             return False
 
-    def listening() -> set[int]:
-        """This process's listening ports, but for those it had before (a fixture's server, say)."""
-        return {c.laddr.port for c in psutil.Process().net_connections("tcp")
-                if c.status == psutil.CONN_LISTEN} - before
+    def listening_ports() -> set[int]:
+        return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
-    before: set[int] = set()
-    before = listening()
+    before = listening_ports()  # a fixture's server in this worker, say
+
+    def listening() -> set[int]:
+        """The ports this process listens on that the call opened."""
+        return listening_ports() - before
+
     seen = {}
 
     @contextlib.contextmanager
